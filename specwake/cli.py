@@ -1,0 +1,137 @@
+"""The `specwake` command line: parse flags, call one core function, render, return an exit code.
+
+No logic lives here; see runner.py for what `run` does and DESIGN.md for exit codes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from specwake import __version__
+from specwake.console import Ui
+from specwake.errors import EXIT_INPUT, EXIT_INTERRUPTED, Interrupted, SpecwakeError
+from specwake.report import load_result, render_markdown
+from specwake.runner import make_run_dir, prepare, run_scenario
+from specwake.scenario import Overrides, load_scenario
+from specwake.tinymodel import BUILTIN_MODELS, cache_dir, ensure_builtin_model
+from specwake.verdict import exit_code
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Regression tester for vLLM speculative decoding across Level 2 sleep/wake/reload cycles.",
+)
+models_app = typer.Typer(no_args_is_help=True, help="Builtin models (generated offline, cached).")
+app.add_typer(models_app, name="models")
+
+
+def _fail(ui: Ui, exc: SpecwakeError) -> NoReturn:
+    ui.error(str(exc))
+    raise typer.Exit(exc.exit_code)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@app.command()
+def run(
+    scenarios: Annotated[
+        list[Path], typer.Argument(help="Scenario TOML files.", show_default=False)
+    ],
+    cycles: Annotated[
+        int | None,
+        typer.Option(min=1, help="Sleep/wake cycles per variant (overrides cycle.count)."),
+    ] = None,
+    tp: Annotated[
+        int | None,
+        typer.Option(min=1, help="Tensor parallel size (overrides server.tensor_parallel_size)."),
+    ] = None,
+    variant: Annotated[
+        list[str] | None, typer.Option("--variant", help="Run only this variant (repeatable).")
+    ] = None,
+    patch: Annotated[
+        Path | None, typer.Option(help="Diff for the `patched` variant (overrides its patch).")
+    ] = None,
+    output: Annotated[
+        Path, typer.Option(help="Results folder; each run gets a new sub-folder.")
+    ] = Path("results"),
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
+) -> None:
+    """Run scenarios: baseline and patched servers, L2 cycles, AL and tok/s before and after, verdict."""
+    ui = Ui(quiet)
+    if patch is not None and not patch.is_file():
+        ui.error(f"--patch: file not found: {patch}")
+        raise typer.Exit(EXIT_INPUT)
+    overrides = Overrides(cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        loaded = [load_scenario(path, overrides) for path in scenarios]
+        prepared = [prepare(s, cache_dir(), ui.event) for s in loaded]
+        results = []
+        for scenario, variants in zip(loaded, prepared, strict=True):
+            run_dir = make_run_dir(output, scenario.name, dt.datetime.now(dt.timezone.utc))
+            ui.event(f"{scenario.name}: results in {run_dir}")
+            results.append(run_scenario(scenario, variants, run_dir, ui.event))
+            ui.note(f"{scenario.name}: {results[-1].verdict.upper()} — {run_dir / 'report.md'}")
+    except SpecwakeError as exc:
+        _fail(ui, exc)
+    except KeyboardInterrupt:
+        ui.error("interrupted: servers stopped, results measured so far are saved")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    ui.report(render_markdown(results))
+    raise typer.Exit(exit_code([r.verdict for r in results]))
+
+
+@app.command()
+def report(
+    results: Annotated[
+        list[Path], typer.Argument(help="result.json files or run folders.", show_default=False)
+    ],
+) -> None:
+    """Print the Markdown report of earlier runs (one comment for many runs)."""
+    ui = Ui()
+    try:
+        loaded = [load_result(path) for path in results]
+    except SpecwakeError as exc:
+        _fail(ui, exc)
+    ui.report(render_markdown(loaded))
+
+
+@models_app.command("tiny")
+def models_tiny(
+    python: Annotated[
+        str | None, typer.Option(help="Interpreter with torch (default: this one).")
+    ] = None,
+) -> None:
+    """Generate the builtin tiny-llama pair into specwake's cache (SPECWAKE_CACHE)."""
+    ui = Ui()
+    try:
+        for name in BUILTIN_MODELS:
+            path = ensure_builtin_model(name, python or sys.executable)
+            ui.note(f"builtin:{name} → {path}")
+    except SpecwakeError as exc:
+        _fail(ui, exc)
+
+
+@app.command()
+def version() -> None:
+    """Print specwake's version."""
+    print(__version__)
+
+
+def main() -> None:
+    try:
+        app()
+    except Interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+if __name__ == "__main__":
+    main()

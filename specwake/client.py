@@ -1,0 +1,145 @@
+"""HTTP calls to one vLLM server: completions, /metrics, and the dev-mode sleep/wake/RPC endpoints.
+
+Takes an injected `httpx.Client` (tests hand in an `httpx.MockTransport`); every call has a deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from specwake.errors import RequestFailed, RequestTimeout
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    completion_tokens: int
+    seconds: float
+
+    @property
+    def tok_s(self) -> float:
+        return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A raw answer to a cycle step: HTTP status, decoded body, wall seconds."""
+
+    status: int
+    body: Any
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def _body(response: httpx.Response) -> Any:
+    if not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
+
+
+class VllmClient:
+    def __init__(
+        self, http: httpx.Client, *, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.http = http
+        self.clock = clock
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: float,
+        params: dict[str, Any] | list[tuple[str, str]] | None = None,
+        json: Any = None,
+    ) -> Answer:
+        """One call; a deadline or a broken connection raises, any HTTP status is returned."""
+        url = str(self.http.base_url).rstrip("/") + path
+        start = self.clock()
+        try:
+            response = self.http.request(method, path, params=params, json=json, timeout=timeout)
+        except httpx.TimeoutException:
+            raise RequestTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
+        except httpx.TransportError as exc:
+            raise RequestFailed(f"{method} {url}: {type(exc).__name__}: {exc}") from None
+        return Answer(response.status_code, _body(response), self.clock() - start)
+
+    def checked(self, method: str, path: str, *, timeout: float, **kwargs: Any) -> Answer:
+        """Like `request`, but a non-2xx answer raises RequestFailed with the server's text."""
+        answer = self.request(method, path, timeout=timeout, **kwargs)
+        if not answer.ok:
+            detail = answer.body if isinstance(answer.body, str) else _short(answer.body)
+            raise RequestFailed(f"{method} {path}: HTTP {answer.status}: {detail}")
+        return answer
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        try:
+            return self.request("GET", "/health", timeout=timeout).ok
+        except (RequestFailed, RequestTimeout):
+            return False
+
+    def model_ids(self, timeout: float = 30.0) -> list[str]:
+        body = self.checked("GET", "/v1/models", timeout=timeout).body
+        return [m["id"] for m in body.get("data", [])] if isinstance(body, dict) else []
+
+    def metrics_text(self, timeout: float = 30.0) -> str:
+        body = self.checked("GET", "/metrics", timeout=timeout).body
+        return body if isinstance(body, str) else ""
+
+    def complete(
+        self,
+        *,
+        model: str,
+        prompt: str,
+        max_tokens: int,
+        temperature: float,
+        ignore_eos: bool,
+        timeout: float,
+    ) -> Completion:
+        payload = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "ignore_eos": ignore_eos,
+            "stream": False,
+        }
+        answer = self.checked("POST", "/v1/completions", timeout=timeout, json=payload)
+        body = answer.body
+        try:
+            text = body["choices"][0]["text"]
+            tokens = int(body["usage"]["completion_tokens"])
+        except (TypeError, KeyError, IndexError, ValueError):
+            raise RequestFailed(f"POST /v1/completions: unexpected answer {_short(body)}") from None
+        return Completion(text, tokens, answer.seconds)
+
+    def collective_rpc(self, method: str, *, timeout: float) -> Answer:
+        """Call a worker method on every worker; the answer body is `{"results": [...]}` or empty."""
+        payload = {"method": method, "args": [], "kwargs": {}, "timeout": timeout}
+        return self.request("POST", "/collective_rpc", timeout=timeout + 5, json=payload)
+
+    def rpc_results(self, method: str, *, timeout: float) -> list[Any]:
+        """A worker method's per-worker results; raises on a non-2xx answer."""
+        answer = self.collective_rpc(method, timeout=timeout)
+        if not answer.ok:
+            raise RequestFailed(
+                f"collective_rpc {method}: HTTP {answer.status}: {_short(answer.body)}"
+            )
+        body = answer.body
+        return list(body.get("results", [])) if isinstance(body, dict) else []
+
+
+def _short(body: Any, limit: int = 300) -> str:
+    text = body if isinstance(body, str) else repr(body)
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -1,0 +1,123 @@
+"""One sleep/wake cycle against a running server, every step timed with its HTTP status.
+
+Level 2: sleep → [emulated discard] → wake weights → reload_weights → wake kv_cache → reset prefix cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from specwake.client import Answer, VllmClient
+from specwake.errors import RequestFailed, RequestTimeout, ServerFault
+from specwake.results import StepResult
+
+DISCARD_METHOD = "specwake_emulate_discard"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    method: str
+    path: str
+    params: tuple[tuple[str, str], ...] = ()
+    rpc: str | None = None  # worker method, for POST /collective_rpc
+
+
+def cycle_steps(level: int, emulate_discard: bool) -> list[Step]:
+    """The documented step sequence for one cycle of the given sleep level."""
+    if level == 1:
+        return [
+            Step("sleep", "POST", "/sleep", (("level", "1"),)),
+            Step("wake_up", "POST", "/wake_up"),
+            Step("reset_prefix_cache", "POST", "/reset_prefix_cache"),
+        ]
+    steps = [Step("sleep", "POST", "/sleep", (("level", "2"),))]
+    if emulate_discard:
+        steps.append(Step("discard", "POST", "/collective_rpc", rpc=DISCARD_METHOD))
+    steps += [
+        Step("wake_weights", "POST", "/wake_up", (("tags", "weights"),)),
+        Step("reload_weights", "POST", "/collective_rpc", rpc="reload_weights"),
+        Step("wake_kv_cache", "POST", "/wake_up", (("tags", "kv_cache"),)),
+        Step("reset_prefix_cache", "POST", "/reset_prefix_cache"),
+    ]
+    return steps
+
+
+def _call(client: VllmClient, step: Step, timeout: float) -> Answer:
+    if step.rpc is not None:
+        return client.collective_rpc(step.rpc, timeout=timeout)
+    return client.request(step.method, step.path, params=list(step.params), timeout=timeout)
+
+
+def _label(step: Step) -> str:
+    query = "&".join(f"{k}={v}" for k, v in step.params)
+    return f"{step.path}?{query}" if query else step.path + (f" {step.rpc}" if step.rpc else "")
+
+
+def run_cycle(
+    client: VllmClient,
+    cycle: int,
+    *,
+    level: int,
+    emulate_discard: bool,
+    step_timeout_s: float,
+    on_step: Callable[[StepResult], None] | None = None,
+) -> tuple[list[StepResult], ServerFault | None]:
+    """Run every step in order; stop at the first failed one and return it as the fault."""
+    results: list[StepResult] = []
+    for step in cycle_steps(level, emulate_discard):
+        fault: ServerFault | None = None
+        body: Any = None
+        try:
+            answer = _call(client, step, step_timeout_s)
+        except (RequestTimeout, RequestFailed) as exc:
+            fault = exc
+            result = StepResult(
+                cycle,
+                step.name,
+                step.method,
+                _label(step),
+                None,
+                step_timeout_s if isinstance(exc, RequestTimeout) else 0.0,
+                False,
+                str(exc),
+            )
+        else:
+            body = answer.body
+            error = None
+            if not answer.ok:
+                error = f"{step.name}: HTTP {answer.status}: {_text(body)}"
+                fault = RequestFailed(error)
+            result = StepResult(
+                cycle,
+                step.name,
+                step.method,
+                _label(step),
+                answer.status,
+                answer.seconds,
+                answer.ok,
+                error,
+                _keep(body),
+            )
+        results.append(result)
+        if on_step is not None:
+            on_step(result)
+        if fault is not None:
+            return results, fault
+    return results, None
+
+
+def _text(body: Any, limit: int = 2000) -> str:
+    if isinstance(body, dict) and "error" in body:
+        body = body["error"]
+    if isinstance(body, dict) and "message" in body:
+        body = body["message"]
+    text = body if isinstance(body, str) else repr(body)
+    return text[:limit]
+
+
+def _keep(body: Any) -> Any:
+    """Small JSON answers are kept in results (e.g. discard counts); large ones are dropped."""
+    return body if len(repr(body)) <= 4000 else None

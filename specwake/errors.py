@@ -1,0 +1,87 @@
+"""The one exception tree of specwake; each class carries the exit code the CLI returns for it.
+
+SpecwakeError                      (base, never raised directly)
+├── InputError            exit 2   bad scenario, flag, patch or results file; nothing launched
+│   ├── ScenarioError              a scenario file or override is invalid (file: key: reason)
+│   └── PatchError                 a diff is malformed, escapes the package, or does not apply
+├── InfraError            exit 3   the machine cannot run what was asked
+│   ├── EngineMissing              vLLM is not importable in the variant's interpreter
+│   ├── StartupFailed              a server exited or never became ready (log tail attached)
+│   └── ResultsUnwritable          the results folder cannot be created or written
+├── ServerFault                    a running server failed us (becomes a `crash` outcome)
+│   ├── RequestFailed              a request or cycle step answered non-2xx or broke the connection
+│   ├── RequestTimeout             a request or cycle step did not answer before its deadline
+│   └── ServerDied                 the server process exited while we were using it
+└── Interrupted           exit 130 SIGINT / SIGTERM reached specwake
+"""
+
+from __future__ import annotations
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+EXIT_INPUT = 2
+EXIT_INFRA = 3
+EXIT_INTERRUPTED = 130
+
+
+class SpecwakeError(Exception):
+    """Base of every error specwake raises on purpose."""
+
+    exit_code = EXIT_INFRA
+
+
+class InputError(SpecwakeError):
+    exit_code = EXIT_INPUT
+
+
+class ScenarioError(InputError):
+    """A scenario problem, rendered as one line: ``file: key.path: reason``."""
+
+    def __init__(self, file: str, key: str, reason: str) -> None:
+        self.file, self.key, self.reason = file, key, reason
+        where = f"{file}: {key}" if key else file
+        super().__init__(f"{where}: {reason}")
+
+
+class PatchError(InputError):
+    pass
+
+
+class InfraError(SpecwakeError):
+    exit_code = EXIT_INFRA
+
+
+class EngineMissing(InfraError):
+    pass
+
+
+class StartupFailed(InfraError):
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        super().__init__(message)
+
+
+class ResultsUnwritable(InfraError):
+    pass
+
+
+class ServerFault(SpecwakeError):
+    """A fault of a running server; the runner turns it into a `crash` outcome."""
+
+    crash_class = "server_exited"
+
+
+class RequestFailed(ServerFault):
+    crash_class = "step_failed"
+
+
+class RequestTimeout(ServerFault):
+    crash_class = "request_timeout"
+
+
+class ServerDied(ServerFault):
+    crash_class = "server_exited"
+
+
+class Interrupted(SpecwakeError):
+    exit_code = EXIT_INTERRUPTED

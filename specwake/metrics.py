@@ -1,0 +1,161 @@
+"""Pure metric arithmetic: vLLM's Prometheus text → spec-decode counters → per-stage deltas.
+
+Acceptance length, per-position and acceptance rates follow vLLM's own definitions (VLLM_NOTES.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# Exact sample names of vLLM's text exposition (counters carry `_total`; `_created` is ignored).
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+POSITION_LABEL = "position"
+
+_SPEC_TOTALS = (DRAFTS, DRAFT_TOKENS, ACCEPTED)
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """Spec-decode counter values of one /metrics scrape, summed over every label set."""
+
+    present: bool  # False when the spec-decode families are absent (speculation off)
+    drafts: float
+    draft_tokens: float
+    accepted: float
+    accepted_per_pos: tuple[float, ...]  # index = draft position
+    generation_tokens: float  # vllm:generation_tokens_total, 0 if absent
+
+
+@dataclass(frozen=True)
+class SpecDelta:
+    """What happened between two scrapes: counts and the rates vLLM derives from them."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_length: float | None  # 1 + accepted/drafts; None when num_drafts == 0
+    per_position: tuple[float, ...]  # accepted_at_pos / drafts; () when num_drafts == 0
+    acceptance_rate: float | None  # accepted / draft_tokens; None when num_draft_tokens == 0
+    counters_reset: bool  # some counter went backwards: deltas count from the 'after' values
+    num_generation_tokens: int = 0
+
+
+EMPTY = SpecCounters(
+    present=False,
+    drafts=0.0,
+    draft_tokens=0.0,
+    accepted=0.0,
+    accepted_per_pos=(),
+    generation_tokens=0.0,
+)
+
+
+def _position(labels: dict[str, str]) -> int:
+    raw = labels.get(POSITION_LABEL)
+    try:
+        position = int(raw) if raw is not None else -1
+    except ValueError:
+        position = -1
+    if position < 0:
+        raise ValueError(f"{ACCEPTED_PER_POS} sample with bad {POSITION_LABEL} label {raw!r}")
+    return position
+
+
+def _positions_tuple(by_position: dict[int, float]) -> tuple[float, ...]:
+    if not by_position:
+        return ()
+    size = max(by_position) + 1
+    return tuple(by_position.get(i, 0.0) for i in range(size))
+
+
+def parse_spec_counters(text: str) -> SpecCounters:
+    """Read the spec-decode counters out of a /metrics body.
+
+    Raises ValueError when the text is not Prometheus exposition format.
+    """
+    totals = dict.fromkeys((*_SPEC_TOTALS, GENERATION_TOKENS), 0.0)
+    seen: set[str] = set()
+    by_position: dict[int, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == ACCEPTED_PER_POS:
+                    position = _position(sample.labels)
+                    by_position[position] = by_position.get(position, 0.0) + sample.value
+                    seen.add(sample.name)
+                elif sample.name in totals:
+                    totals[sample.name] += sample.value
+                    seen.add(sample.name)
+    except ValueError as exc:
+        detail = str(exc) or "unparsable line"
+        raise ValueError(f"not Prometheus text exposition: {detail}") from exc
+    return SpecCounters(
+        present=any(name in seen for name in (*_SPEC_TOTALS, ACCEPTED_PER_POS)),
+        drafts=totals[DRAFTS],
+        draft_tokens=totals[DRAFT_TOKENS],
+        accepted=totals[ACCEPTED],
+        accepted_per_pos=_positions_tuple(by_position),
+        generation_tokens=totals[GENERATION_TOKENS],
+    )
+
+
+def _padded(values: tuple[float, ...], size: int) -> tuple[float, ...]:
+    return values + (0.0,) * (size - len(values))
+
+
+def _went_backwards(before: SpecCounters, after: SpecCounters) -> bool:
+    size = max(len(before.accepted_per_pos), len(after.accepted_per_pos))
+    pairs = [
+        (before.drafts, after.drafts),
+        (before.draft_tokens, after.draft_tokens),
+        (before.accepted, after.accepted),
+        (before.generation_tokens, after.generation_tokens),
+        *zip(
+            _padded(before.accepted_per_pos, size),
+            _padded(after.accepted_per_pos, size),
+            strict=True,
+        ),
+    ]
+    return any(new < old for old, new in pairs)
+
+
+def _count(value: float) -> int:
+    return max(0, round(value))
+
+
+def counter_delta(before: SpecCounters, after: SpecCounters) -> SpecDelta:
+    """Deltas and rates between two scrapes of the same server.
+
+    When any counter went backwards the engine restarted in between: every delta is then
+    counted from zero (the 'after' value alone) and the result is flagged, never negative.
+    """
+    reset = _went_backwards(before, after)
+    base = EMPTY if reset else before
+    size = max(len(base.accepted_per_pos), len(after.accepted_per_pos))
+    per_pos_delta = [
+        new - old
+        for old, new in zip(
+            _padded(base.accepted_per_pos, size),
+            _padded(after.accepted_per_pos, size),
+            strict=True,
+        )
+    ]
+    drafts = _count(after.drafts - base.drafts)
+    draft_tokens = _count(after.draft_tokens - base.draft_tokens)
+    accepted = _count(after.accepted - base.accepted)
+    return SpecDelta(
+        num_drafts=drafts,
+        num_draft_tokens=draft_tokens,
+        num_accepted_tokens=accepted,
+        acceptance_length=1.0 + accepted / drafts if drafts > 0 else None,
+        per_position=tuple(d / drafts for d in per_pos_delta) if drafts > 0 else (),
+        acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
+        counters_reset=reset,
+        num_generation_tokens=_count(after.generation_tokens - base.generation_tokens),
+    )

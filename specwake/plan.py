@@ -1,0 +1,170 @@
+"""Pure planning: a Scenario variant plus facts about its engine → the exact server argv and environment.
+
+No processes, files or sockets here; every function returns data that tests compare exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from specwake.errors import ScenarioError
+from specwake.scenario import Scenario, Variant
+
+WORKER_EXTENSION = "specwake.worker_ext.SpecwakeWorkerExtension"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+HOST = "127.0.0.1"
+
+# Variables passed from specwake's own environment to a server; everything else is dropped.
+ENV_ALLOW = {
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+}
+ENV_ALLOW_PREFIXES = (
+    "VLLM_",
+    "CUDA_",
+    "NCCL_",
+    "HF_",
+    "HUGGING_FACE_",
+    "TRANSFORMERS_",
+    "OMP_",
+    "OPENBLAS_",
+    "MKL_",
+    "KMP_",
+    "TORCH",
+    "ROCR_",
+    "HIP_",
+    "LD_LIBRARY_PATH",
+    "XDG_CACHE_HOME",
+    "SSL_CERT_",
+    "REQUESTS_CA_BUNDLE",
+)
+SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    """Everything needed to start and drive one variant's server."""
+
+    variant: Variant
+    python: str
+    argv: list[str]
+    env: dict[str, str]
+    env_added: dict[str, str]  # what specwake set on top of the allow-listed environment
+    port: int
+    l2_discard: str  # native | emulated
+    gpus: tuple[int, ...] = field(default_factory=tuple)
+
+
+def resolve_discard(scenario: Scenario, sleep_mode: bool, platform: str) -> str:
+    """`auto` → native where vLLM has sleep mode, emulated elsewhere (CPU)."""
+    wanted = scenario.cycle.discard
+    if wanted == "auto":
+        return "native" if sleep_mode else "emulated"
+    if wanted == "native" and not sleep_mode:
+        raise ScenarioError(
+            str(scenario.file),
+            "cycle.discard",
+            f"'native' needs vLLM sleep mode, which is not available on {platform}; use 'auto' or 'emulated'",
+        )
+    if wanted == "emulated" and sleep_mode:
+        raise ScenarioError(
+            str(scenario.file),
+            "cycle.discard",
+            f"'emulated' is for platforms without sleep mode; {platform} has real L2 sleep, use 'auto' or 'native'",
+        )
+    return wanted
+
+
+def speculative_config(scenario: Scenario, draft_model: str | None) -> dict[str, Any]:
+    """The scenario's [speculative] table with a builtin draft model replaced by its path."""
+    config = dict(scenario.speculative)
+    if draft_model is not None:
+        config["model"] = draft_model
+    return config
+
+
+def build_server_command(
+    scenario: Scenario,
+    *,
+    python: str,
+    port: int,
+    model: str,
+    draft_model: str | None,
+    sleep_mode: bool,
+    is_gpu: bool,
+) -> list[str]:
+    """The exact `vllm serve` argv for one variant (never a shell string)."""
+    server = scenario.server
+    argv = [python, "-m", SERVER_MODULE, "--host", HOST, "--port", str(port), "--model", model]
+    argv += ["--tensor-parallel-size", str(server.tensor_parallel_size), "--dtype", server.dtype]
+    if server.enforce_eager:
+        argv.append("--enforce-eager")
+    if server.max_model_len is not None:
+        argv += ["--max-model-len", str(server.max_model_len)]
+    if server.gpu_memory_utilization is not None and is_gpu:
+        argv += ["--gpu-memory-utilization", str(server.gpu_memory_utilization)]
+    spec = speculative_config(scenario, draft_model)
+    argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
+    argv += ["--worker-extension-cls", WORKER_EXTENSION]
+    if sleep_mode:
+        argv.append("--enable-sleep-mode")
+    argv += list(server.args)
+    return argv
+
+
+def cpu_thread_binding(tp: int, cpu_ids: list[int]) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for TP>1 on CPU: one contiguous core range per rank, joined by '|'."""
+    if tp <= 1:
+        return None
+    if len(cpu_ids) < tp:
+        return None
+    per_rank = len(cpu_ids) // tp
+    ranges = []
+    for rank in range(tp):
+        cores = cpu_ids[rank * per_rank : (rank + 1) * per_rank]
+        ranges.append(str(cores[0]) if len(cores) == 1 else f"{cores[0]}-{cores[-1]}")
+    return "|".join(ranges)
+
+
+def build_server_env(
+    scenario: Scenario,
+    variant: Variant,
+    *,
+    base_env: Mapping[str, str],
+    pythonpath: list[str],
+    is_gpu: bool,
+    cpu_ids: list[int],
+    gpus: tuple[int, ...] = (),
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(full child environment, the part specwake added). Scenario and variant env win over defaults."""
+    env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
+    added: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": ":".join(pythonpath)}
+    if is_gpu:
+        if gpus:
+            added["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    else:
+        added.setdefault("VLLM_CPU_KVCACHE_SPACE", env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+        binding = cpu_thread_binding(scenario.server.tensor_parallel_size, cpu_ids)
+        if binding and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+            added["VLLM_CPU_OMP_THREADS_BIND"] = binding
+    added.update(scenario.server.env)
+    added.update(variant.env)
+    env.update(added)
+    return env, added
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy safe to write into results and logs: secret-looking values hidden."""
+    return {k: ("***" if SECRET_PATTERN.search(k) else v) for k, v in env.items()}

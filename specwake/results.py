@@ -1,0 +1,120 @@
+"""The numbers a run produces, as frozen dataclasses, and their JSON form (schema specwake.result/1).
+
+Measurement code builds these; verdict and report code only read them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+SCHEMA = "specwake.result/1"
+KNOWN_SCHEMAS = (SCHEMA,)
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """One measured stage: `fresh` (cycle 0) or `after L2 #k` (cycle k)."""
+
+    name: str
+    cycle: int
+    acceptance_length: float | None  # None when no drafts were made
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    per_position: list[float]  # acceptance rate at each draft position
+    tok_s: list[float]  # one sample per measured request
+    tok_s_median: float | None
+    completion_tokens: list[int]
+    outputs: list[str]
+    outputs_match_fresh: bool | None  # None for the fresh stage itself
+    counters_reset: bool = False  # a counter went backwards (engine restarted)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One timed step of a sleep/wake cycle."""
+
+    cycle: int
+    name: (
+        str  # sleep | discard | wake_weights | reload_weights | wake_kv_cache | reset_prefix_cache
+    )
+    method: str
+    path: str
+    status: int | None  # HTTP status, None when no answer came
+    seconds: float
+    ok: bool
+    error: str | None = None
+    response: Any = None
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """Everything measured and decided for one variant of one scenario."""
+
+    name: str
+    outcome: str  # recover | collapse | crash | degraded | error
+    expected: str
+    matched: bool
+    platform: str  # cpu | cuda | rocm | unknown
+    l2_discard: str  # native | emulated
+    vllm_version: str | None
+    vllm_file: str | None
+    python: str
+    patch: str | None
+    patch_sha256: str | None
+    overlay: str | None
+    command: list[str]
+    env: dict[str, str]
+    error: str | None = None
+    crash_class: str | None = None
+    log_path: str | None = None
+    log_excerpt: str | None = None
+    stages: list[StageResult] = field(default_factory=list)
+    steps: list[StepResult] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """One scenario run: its settings, provenance, variants and verdict."""
+
+    scenario: dict[str, Any]  # name, file, sha256, settings
+    verdict: str  # pass | fail | error
+    started_at: str
+    finished_at: str | None
+    host: dict[str, Any]
+    variants: list[VariantResult]
+    specwake_version: str
+    schema: str = SCHEMA
+    complete: bool = True
+
+
+def to_dict(result: ScenarioResult) -> dict[str, Any]:
+    return asdict(result)
+
+
+def to_json(result: ScenarioResult) -> str:
+    return json.dumps(to_dict(result), indent=2, sort_keys=False) + "\n"
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def from_dict(data: dict[str, Any]) -> ScenarioResult:
+    """Rebuild a ScenarioResult; raises ValueError on an unknown schema."""
+    schema = data.get("schema")
+    if schema not in KNOWN_SCHEMAS:
+        raise ValueError(
+            f"unknown result schema {schema!r} (this specwake reads {', '.join(KNOWN_SCHEMAS)})"
+        )
+    variants = []
+    for v in data.get("variants", []):
+        stages = [_build(StageResult, s) for s in v.get("stages", [])]
+        steps = [_build(StepResult, s) for s in v.get("steps", [])]
+        variants.append(replace(_build(VariantResult, v), stages=stages, steps=steps))
+    return replace(_build(ScenarioResult, data), variants=variants)

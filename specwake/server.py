@@ -1,0 +1,312 @@
+"""One vLLM server's lifetime as a context manager: start it in its own process group,
+wait until /health answers, stop the whole group (SIGTERM, then SIGKILL), keep its log."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import httpx
+
+from specwake.errors import StartupFailed
+
+log = logging.getLogger(__name__)
+
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+REDACTED = "***"
+STRAGGLER_TIMEOUT_S = 5.0
+_TAIL_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Everything needed to launch one server; the caller builds argv and the full env."""
+
+    argv: list[str]
+    env: dict[str, str]
+    port: int
+    log_path: Path
+    startup_timeout_s: float
+    host: str = "127.0.0.1"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago on ``host`` (bind to port 0 and release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Copy of ``env`` with the values of secret-looking names replaced by REDACTED."""
+    return {name: REDACTED if any(m in name.upper() for m in SECRET_MARKERS) else value for name, value in env.items()}
+
+
+def log_header(spec: ServerSpec, now: datetime) -> str:
+    """The lines written to the log before the server's own output."""
+    env = " ".join(f"{k}={v if v == REDACTED else shlex.quote(v)}" for k, v in sorted(redact_env(spec.env).items()))
+    return (
+        f"# specwake: server start {now.isoformat(timespec='seconds')}\n# argv: {shlex.join(spec.argv)}\n# env: {env}\n"
+    )
+
+
+def describe_exit(code: int) -> str:
+    """Human wording of a Popen return code (negative = killed by a signal)."""
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def tail_lines(data: bytes, lines: int) -> str:
+    """The last ``lines`` lines of ``data``, decoded leniently."""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:]) if lines > 0 else ""
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Pids of the non-zombie processes in process group ``pgid`` (empty if the group is gone).
+
+    Zombies are skipped: an orphan whose new parent never reaps it cannot run, hold a GPU or a
+    port. Without /proc, any remaining member (as seen by ``killpg(pgid, 0)``) counts as live.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+class Server:
+    """A server process group; ``with Server(spec) as s:`` starts it, waits ready, always stops."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        *,
+        poll_interval_s: float = 0.5,
+        grace_s: float = 10.0,
+        on_output: Callable[[str], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.poll_interval_s = poll_interval_s
+        self.grace_s = grace_s
+        self.on_output = on_output
+        self.base_url = f"http://{spec.host}:{spec.port}"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+        self._read_pos = 0
+        self._stopped = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def pgid(self) -> int | None:
+        # start_new_session makes the child a session and group leader: pgid == pid.
+        return self.pid
+
+    def start(self) -> None:
+        """Launch the server in a new session, output appended to the log file."""
+        if self._proc is not None:
+            raise RuntimeError("server already started")
+        spec = self.spec
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(spec.log_path, "ab")  # closed in stop()
+        self._log_file.write(log_header(spec, datetime.now(timezone.utc)).encode())
+        self._log_file.flush()
+        self._read_pos = self._log_file.tell()
+        try:
+            self._proc = subprocess.Popen(
+                spec.argv,
+                env=spec.env,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._log_file.close()
+            self._log_file = None
+            raise StartupFailed(f"cannot launch {spec.argv[0]!r}: {exc}") from exc
+        log.info("started server pid %d on %s, log %s", self._proc.pid, self.base_url, spec.log_path)
+
+    def wait_ready(self) -> float:
+        """Poll GET /health until it answers 200; return the seconds waited.
+
+        Raises StartupFailed as soon as the process exits, or when startup_timeout_s passes.
+        """
+        proc = self._require_proc()
+        url = f"{self.base_url}/health"
+        started = time.monotonic()
+        deadline = started + self.spec.startup_timeout_s
+        last = "no answer"
+        with httpx.Client(trust_env=False) as client:
+            while True:
+                self._forward_output()
+                code = proc.poll()
+                if code is not None:
+                    waited = time.monotonic() - started
+                    raise StartupFailed(
+                        f"server {describe_exit(code)} before ready ({waited:.1f} seconds after "
+                        f"launch, code {code}); log: {self.spec.log_path}",
+                        self.log_tail(),
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    response = client.get(url, timeout=max(0.1, min(5.0, remaining)))
+                    if response.status_code == 200:
+                        self._forward_output()
+                        return time.monotonic() - started
+                    last = f"HTTP {response.status_code}"
+                except httpx.TransportError as exc:
+                    last = type(exc).__name__
+                time.sleep(max(0.0, min(self.poll_interval_s, deadline - time.monotonic())))
+        waited = time.monotonic() - started
+        raise StartupFailed(
+            f"server at {url} not ready after {waited:.1f} seconds (last answer: {last}); log: {self.spec.log_path}",
+            self.log_tail(),
+        )
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the log file ('' if it does not exist)."""
+        try:
+            with open(self.spec.log_path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - _TAIL_BYTES))
+                return tail_lines(fh.read(), lines)
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """Stop the whole process group: SIGTERM, wait grace_s, SIGKILL, reap. Idempotent."""
+        proc = self._proc
+        if proc is None or self._stopped:
+            return
+        pgid = proc.pid
+        try:
+            self._terminate(proc, pgid)
+        except BaseException:
+            # Interrupted while waiting politely (e.g. a second Ctrl-C): finish the job hard.
+            self._kill_group(proc, pgid)
+            raise
+        finally:
+            self._stopped = True
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+
+    def __enter__(self) -> Server:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _require_proc(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            raise RuntimeError("server not started")
+        return self._proc
+
+    def _terminate(self, proc: subprocess.Popen[bytes], pgid: int) -> None:
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        try:
+            proc.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("server pid %d ignored SIGTERM for %.1f s; killing", pgid, self.grace_s)
+            self._kill_group(proc, pgid)
+            return
+        # The leader is reaped; give the rest of the group what is left of the grace period.
+        while live_group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._kill_group(proc, pgid)
+
+    def _kill_group(self, proc: subprocess.Popen[bytes], pgid: int) -> None:
+        """SIGKILL whatever lives in the group, reap the leader, wait for stragglers to vanish."""
+        deadline = time.monotonic() + STRAGGLER_TIMEOUT_S
+        while True:
+            if live_group_members(pgid):
+                _signal_group(pgid, signal.SIGKILL)
+            if proc.poll() is None:
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            survivors = live_group_members(pgid)
+            if not survivors:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("processes %s of group %d survived SIGKILL", survivors, pgid)
+                return
+            time.sleep(0.05)
+
+    def _forward_output(self) -> None:
+        """Hand complete new log lines to on_output (if set)."""
+        if self.on_output is None:
+            return
+        try:
+            with open(self.spec.log_path, "rb") as fh:
+                fh.seek(self._read_pos)
+                data = fh.read()
+        except OSError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]
+        self._read_pos += len(complete)
+        for line in complete.decode("utf-8", errors="replace").splitlines():
+            self.on_output(line)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass

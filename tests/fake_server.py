@@ -1,0 +1,317 @@
+"""A stand-in for a vLLM OpenAI API server (stdlib only) with faults on demand, for tests.
+
+Usage: python tests/fake_server.py --port P [--mode MODE] [options]
+
+Endpoints (as vLLM 0.32 with VLLM_SERVER_DEV_MODE=1): GET /health, /v1/models, /metrics,
+/is_sleeping; POST /v1/completions, /sleep?level=N, /wake_up?tags=..., /collective_rpc,
+/reset_prefix_cache.
+
+Acceptance model: every completion of N tokens is decoded in D = round(N / AL) draft steps of K
+draft tokens each (AL clamped to [1, K+1]); the spec-decode counters advance accordingly, spread
+over --engines engines. AL is --al-fresh until the weights are discarded (sleep level 2 or the
+collective_rpc method specwake_emulate_discard), --al-after from then on. The target is "zeroed"
+from the discard until reload_weights: completions then return garbage ("!!!!"), as a model with
+zero weights would. While asleep (until every tag is woken) completions answer 503.
+
+Modes:
+  ready            (default) answer normally
+  never-ready      listen, but GET /health answers 503 forever
+  slow-start       wait --startup-delay seconds (default 2) before listening
+  exit-early       print a vLLM-like startup traceback to stderr and exit with code 1
+  crash-on-reload  on collective_rpc reload_weights print "CUDA error: an illegal memory access
+                   was encountered" to stderr and die (os._exit(1))
+  hang-on-request  completions hang forever once the weights have been discarded (fresh ones answer)
+Other faults: --spawn-child (a child process in the same group, like EngineCore),
+--ignore-sigterm (server and child ignore SIGTERM), --child-ignore-sigterm (only the child does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+MODES = ("ready", "never-ready", "slow-start", "exit-early", "crash-on-reload", "hang-on-request")
+TAGS = ("weights", "kv_cache")
+
+
+class State:
+    """Everything the fake engine remembers; guarded by one lock."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.lock = threading.Lock()
+        self.asleep: set[str] = set()
+        self.discarded = False  # weights were discarded at least once
+        self.target_zeroed = False  # discarded and not reloaded since
+        self.requests = 0
+        self.created = time.time()
+        zero = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generation": 0}
+        self.counters = [dict(zero) for _ in range(args.engines)]
+        self.per_pos = [[0] * args.k for _ in range(args.engines)]
+
+    def acceptance_length(self) -> float:
+        al = self.args.al_after if self.discarded else self.args.al_fresh
+        return min(max(al, 1.0), self.args.k + 1.0)
+
+    def record(self, tokens: int) -> int:
+        """Advance the counters for one completion; return the number of draft steps."""
+        engine = self.requests % self.args.engines
+        self.requests += 1
+        drafts = max(1, round(tokens / self.acceptance_length()))
+        accepted = min(max(0, tokens - drafts), drafts * self.args.k)
+        c = self.counters[engine]
+        c["drafts"] += drafts
+        c["draft_tokens"] += drafts * self.args.k
+        c["accepted"] += accepted
+        c["generation"] += tokens
+        base, extra = divmod(accepted, drafts)  # each draft accepts a prefix of its K tokens
+        for pos in range(self.args.k):
+            self.per_pos[engine][pos] += drafts if pos < base else extra if pos == base else 0
+        return drafts
+
+
+def completion_text(prompt: str, tokens: int, garbage: bool) -> str:
+    if garbage:
+        return "!" * tokens
+    seed = int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16)
+    return "".join(f" w{(seed + i * 7) % 97}" for i in range(tokens))
+
+
+def metrics_text(state: State) -> str:
+    model = state.args.model
+    out: list[str] = []
+    series = [
+        ("vllm:spec_decode_num_drafts", "drafts"),
+        ("vllm:spec_decode_num_draft_tokens", "draft_tokens"),
+        ("vllm:spec_decode_num_accepted_tokens", "accepted"),
+        ("vllm:generation_tokens", "generation"),
+    ]
+    for name, key in series:
+        out += [f"# HELP {name} Fake counter {key}.", f"# TYPE {name} counter"]
+        for e, c in enumerate(state.counters):
+            labels = f'engine="{e}",model_name="{model}"'
+            out.append(f"{name}_total{{{labels}}} {float(c[key])}")
+            out.append(f"{name}_created{{{labels}}} {state.created}")
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+    out += [f"# HELP {name} Fake per-position counter.", f"# TYPE {name} counter"]
+    for e, counts in enumerate(state.per_pos):
+        for pos, value in enumerate(counts):
+            labels = f'engine="{e}",model_name="{model}",position="{pos}"'
+            out.append(f"{name}_total{{{labels}}} {float(value)}")
+    return "\n".join(out) + "\n"
+
+
+def fingerprint(count: int, zeroed: bool, checksum: float) -> dict[str, object]:
+    return {"count": count, "all_zero": zeroed, "on_meta": 0, "checksum": 0.0 if zeroed else checksum}
+
+
+def rpc_result(state: State, method: str) -> object:
+    """The per-worker result of a collective_rpc method (caller holds the lock)."""
+    if method == "reload_weights":
+        if state.args.mode == "crash-on-reload":
+            print("CUDA error: an illegal memory access was encountered", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(1)
+        state.target_zeroed = False
+        return None
+    if method == "specwake_emulate_discard":
+        state.discarded = state.target_zeroed = True
+        return {"zeroed": {"target": 2, "draft": 1}, "shared_skipped": 0}
+    if method == "specwake_info":
+        spec = importlib.util.find_spec("vllm")
+        vllm_file = spec.origin if spec and spec.origin else "/fake/site-packages/vllm/__init__.py"
+        return {
+            "device": "cpu",
+            "platform": "cpu",
+            "vllm_version": "0.32.0",
+            "vllm_file": vllm_file,
+            "model_classes": {"target": "FakeForCausalLM", "draft": "FakeDraftModel"},
+            "tp_rank": 0,
+        }
+    if method == "specwake_fingerprint":
+        draft_zero = state.discarded and state.args.al_after <= 1.0
+        return {"target": fingerprint(2, state.target_zeroed, 12.5), "draft": fingerprint(1, draft_zero, 3.25)}
+    raise AttributeError(f"'FakeWorker' object has no attribute '{method}'")
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "fake-vllm/0.32"
+    state: State  # set on the class before serving
+
+    def log_message(self, format: str, *args: object) -> None:
+        print(f"INFO: {self.address_string()} {format % args}", flush=True)
+
+    def reply(self, code: int, body: object = None, text: str | None = None) -> None:
+        payload = text.encode() if text is not None else b"" if body is None else json.dumps(body).encode()
+        self.send_response(code)
+        ctype = "text/plain; version=0.0.4" if text is not None else "application/json"
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def body(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        data = json.loads(self.rfile.read(length) or b"{}") if length else {}
+        return data if isinstance(data, dict) else {}
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        state = self.state
+        if path == "/health":
+            self.reply(503 if state.args.mode == "never-ready" else 200)
+        elif path == "/v1/models":
+            self.reply(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": state.args.model, "object": "model", "owned_by": "vllm"}],
+                },
+            )
+        elif path == "/metrics":
+            with state.lock:
+                self.reply(200, text=metrics_text(state))
+        elif path == "/is_sleeping":
+            with state.lock:
+                self.reply(200, {"is_sleeping": bool(state.asleep)})
+        else:
+            self.reply(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        state = self.state
+        if url.path == "/v1/completions":
+            self.complete(self.body())
+        elif url.path == "/sleep":
+            level = int(query.get("level", ["1"])[0])
+            with state.lock:
+                state.asleep = set(TAGS)
+                if level == 2:
+                    state.discarded = state.target_zeroed = True
+            self.reply(200, {"status": "sleeping", "level": level})
+        elif url.path == "/wake_up":
+            with state.lock:
+                state.asleep -= set(query.get("tags", TAGS))
+            self.reply(200)
+        elif url.path == "/reset_prefix_cache":
+            self.reply(200)
+        elif url.path == "/collective_rpc":
+            body = self.body()
+            with state.lock:
+                try:
+                    result = rpc_result(state, str(body.get("method")))
+                except AttributeError as exc:
+                    self.reply(500, {"error": {"message": f"AttributeError: {exc}"}})
+                    return
+            self.reply(200, {"results": [result]})
+        else:
+            self.reply(404, {"detail": "Not Found"})
+
+    def complete(self, req: dict) -> None:
+        state = self.state
+        if req.get("model", state.args.model) != state.args.model:
+            msg = f"The model `{req.get('model')}` does not exist."
+            self.reply(404, {"error": {"message": msg, "type": "NotFoundError", "code": 404}})
+            return
+        with state.lock:
+            if state.asleep:
+                self.reply(503, {"error": {"message": "engine is sleeping"}})
+                return
+            hang = state.args.mode == "hang-on-request" and state.discarded
+        while hang:
+            time.sleep(3600)
+        tokens = int(req.get("max_tokens") or 16)
+        prompt = str(req.get("prompt", ""))
+        with state.lock:
+            drafts = state.record(tokens)
+            text = completion_text(prompt, tokens, state.target_zeroed)
+            al = state.acceptance_length()
+        time.sleep(drafts * state.args.step_delay)
+        print(f"INFO: SpecDecoding metrics: Mean acceptance length: {al:.2f}", flush=True)
+        n = len(prompt.split())
+        self.reply(
+            200,
+            {
+                "id": f"cmpl-fake-{state.requests}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": state.args.model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
+                "usage": {
+                    "prompt_tokens": n,
+                    "completion_tokens": tokens,
+                    "total_tokens": n + tokens,
+                },
+            },
+        )
+
+
+def spawn_child(ignore_sigterm: bool) -> subprocess.Popen[bytes]:
+    """A sleeping child in our process group, like vLLM's EngineCore; returns once it is set up."""
+    code = "import signal, sys, time\n"
+    if ignore_sigterm:
+        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    code += "print('up', flush=True)\ntime.sleep(3600)\n"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    child.stdout.readline()  # its signal disposition is in place before we report ready
+    return child
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--mode", choices=MODES, default="ready")
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--k", type=int, default=3, help="draft tokens per step")
+    p.add_argument("--al-fresh", type=float, default=4.0)
+    p.add_argument("--al-after", type=float, default=1.0)
+    p.add_argument("--engines", type=int, default=1)
+    p.add_argument("--step-delay", type=float, default=0.0, help="seconds per draft step")
+    p.add_argument("--startup-delay", type=float, default=None)
+    p.add_argument("--spawn-child", action="store_true")
+    p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--child-ignore-sigterm", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(f"INFO: fake vLLM API server, mode {args.mode}, pid {os.getpid()}", flush=True)
+    if args.spawn_child:
+        child = spawn_child(args.ignore_sigterm or args.child_ignore_sigterm)
+        print(f"INFO: spawned engine core pid {child.pid}", flush=True)
+    delay = args.startup_delay
+    time.sleep(delay if delay is not None else 2.0 if args.mode == "slow-start" else 0.0)
+    if args.mode == "exit-early":
+        print(
+            "Traceback (most recent call last):\n"
+            '  File "vllm/v1/engine/core.py", line 700, in run_engine_core\n'
+            "RuntimeError: Engine core initialization failed. See root cause above.",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(1)
+    Handler.state = State(args)
+    httpd = ThreadingHTTPServer((args.host, args.port), Handler)
+    httpd.daemon_threads = True
+    print(f"INFO: Starting vLLM API server on http://{args.host}:{args.port}", flush=True)
+    httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

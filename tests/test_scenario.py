@@ -1,0 +1,183 @@
+"""Scenario loading: defaults, resolution, overrides, and every error path as one line with exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specwake.cli import app
+from specwake.errors import ScenarioError
+from specwake.scenario import BUILTIN_PROMPTS, Overrides, load_scenario
+
+REPO = Path(__file__).resolve().parent.parent
+
+MINIMAL = """
+[server]
+model = "builtin:tiny-llama"
+[speculative]
+method = "draft_model"
+model = "builtin:tiny-llama"
+num_speculative_tokens = 3
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_follow_design(tmp_path: Path) -> None:
+    s = load_scenario(write(tmp_path, MINIMAL, "my-scn.toml"))
+    assert s.name == "my-scn"
+    assert (s.server.tensor_parallel_size, s.server.enforce_eager, s.server.dtype) == (
+        1,
+        False,
+        "auto",
+    )
+    assert (s.workload.max_tokens, s.workload.repeats, s.workload.warmup) == (256, 3, 1)
+    assert (s.workload.temperature, s.workload.ignore_eos) == (0.0, True)
+    assert (s.cycle.level, s.cycle.count, s.cycle.discard) == (2, 2, "auto")
+    assert [v.name for v in s.variants] == ["baseline"]
+    assert s.variants[0].expected == "any"
+    assert s.tolerance == 0.05
+    assert s.prompts == BUILTIN_PROMPTS["mixed"]
+    assert len(s.sha256) == 64
+
+
+def test_shipped_tiny_cpu_scenario_resolves() -> None:
+    s = load_scenario(REPO / "scenarios" / "tiny-cpu.toml")
+    assert s.name == "tiny-cpu"
+    assert {v.name: v.expected for v in s.variants} == {
+        "baseline": "collapse",
+        "patched": "recover",
+    }
+    patched = next(v for v in s.variants if v.name == "patched")
+    assert patched.patch == REPO / "scenarios" / "patches" / "draft-reload.diff"
+    assert s.speculative["num_speculative_tokens"] == 3
+    assert s.cycle.count == 2 and s.workload.repeats == 3 and s.workload.max_tokens == 128
+
+
+def test_prompt_files_relative_to_scenario(tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text("one\n\ntwo\n")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    txt = load_scenario(write(tmp_path, MINIMAL + '[workload]\nprompts = "p.txt"\n'))
+    jsonl = load_scenario(write(tmp_path, MINIMAL + '[workload]\nprompts = "p.jsonl"\n'))
+    assert txt.prompts == ("one", "two")
+    assert jsonl.prompts == ("a", "b")
+
+
+def test_overrides_apply(tmp_path: Path) -> None:
+    diff = tmp_path / "fix.diff"
+    diff.write_text("x")
+    text = MINIMAL + '[variants.baseline]\n[variants.other]\n[expect]\nbaseline = "collapse"\n'
+    s = load_scenario(
+        write(tmp_path, text),
+        Overrides(cycles=5, tp=2, variants=("baseline", "patched"), patch=diff),
+    )
+    assert s.cycle.count == 5 and s.server.tensor_parallel_size == 2
+    assert [v.name for v in s.variants] == ["baseline", "patched"]
+    assert s.variants[1].patch == diff.resolve()
+
+
+BAD = [
+    ("[server\nmodel=1", "", "invalid TOML"),
+    ("[speculative]\nmethod='x'", "server", "is required"),
+    (MINIMAL + "[workload]\nmax_tokens = 0\n", "workload.max_tokens", "greater than 0"),
+    (MINIMAL + "[workload]\nmax_tokens = '5'\n", "workload.max_tokens", "integer"),
+    (MINIMAL + "[workload]\nmaxtokens = 5\n", "workload.maxtokens", "did you mean 'max_tokens'"),
+    (MINIMAL + "[workload]\nrepeats = -1\n", "workload.repeats", "greater than 0"),
+    (MINIMAL + "[workload]\nprompts = []\n", "workload.prompts", "non-empty"),
+    (MINIMAL + "[workload]\nprompts = 'missing.txt'\n", "workload.prompts", "not found"),
+    (MINIMAL + "[workload]\nprompts = 'builtin:nope'\n", "workload.prompts", "unknown builtin"),
+    (MINIMAL + "[cycle]\nlevel = 3\n", "cycle.level", "1 or 2"),
+    (MINIMAL + "[cycle]\ncount = 0\n", "cycle.count", "greater than or equal to 1"),
+    (
+        MINIMAL + "[cycle]\ndiscard = 'sometimes'\n",
+        "cycle.discard",
+        "'auto', 'native' or 'emulated'",
+    ),
+    (
+        MINIMAL.replace("[server]", "[server]\ntensor_parallel_size = 0"),
+        "server.tensor_parallel_size",
+        "greater than or equal to 1",
+    ),
+    (MINIMAL.replace("[server]", "[server]\nargs = '--seed 0'"), "server.args", "list of strings"),
+    (
+        MINIMAL.replace("[server]", "[server]\nargs = ['--port', '1']"),
+        "server.args",
+        "'--port' is set by specwake",
+    ),
+    (
+        MINIMAL.replace("[server]", "[server]\nargs = ['--host=0.0.0.0']"),
+        "server.args",
+        "'--host' is set by specwake",
+    ),
+    (
+        MINIMAL.replace("[server]", "[server]\nargs = ['--worker-extension-cls', 'x.Y']"),
+        "server.args",
+        "set by specwake",
+    ),
+    (MINIMAL.replace("[server]", "[server]\nenv = { A = 1 }"), "server.env", "must be a string"),
+    (MINIMAL.replace("[server]", "[server]\nmodle = 'x'"), "server.modle", "did you mean 'model'"),
+    (MINIMAL + "[expect]\nbaseline = 'fine'\n", "expect.baseline", "recover, collapse, crash, any"),
+    (MINIMAL + "[expect]\npached = 'recover'\n", "expect.pached", "no variant named"),
+    (MINIMAL + "[expect]\ntolerance = 2\n", "expect.tolerance", "[0, 1)"),
+    (MINIMAL + "[variants.patched]\npatch = 'nope.diff'\n", "variants.patched.patch", "not found"),
+    (MINIMAL + "[variants.'bad name']\n", "variants", "may use only"),
+    (MINIMAL + "[variants.baseline]\ncolour = 'red'\n", "variants.baseline.colour", "unknown key"),
+    (MINIMAL.replace('method = "draft_model"', ""), "speculative", "method"),
+    (
+        MINIMAL.replace("num_speculative_tokens = 3", "num_speculative_tokens = 0"),
+        "speculative",
+        ">= 1",
+    ),
+    ("surprise = 1\n" + MINIMAL, "surprise", "unknown key"),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "phrase"), BAD)
+def test_bad_scenarios_name_file_and_key(tmp_path: Path, text: str, key: str, phrase: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {key}")
+    assert phrase in message
+    assert "\n" not in message
+
+
+def test_not_utf8_prompts(tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_bytes(b"\xff\xfe bad")
+    with pytest.raises(ScenarioError, match="workload.prompts: prompts file is not UTF-8"):
+        load_scenario(write(tmp_path, MINIMAL + '[workload]\nprompts = "p.txt"\n'))
+
+
+def test_unknown_variant_override(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"--variant: no variant 'nope' \(have: baseline\)"):
+        load_scenario(write(tmp_path, MINIMAL), Overrides(variants=("nope",)))
+
+
+@pytest.mark.parametrize(
+    ("text", "phrase"), [(BAD[2][0], "workload.max_tokens"), (BAD[14][0], "server.args")]
+)
+def test_cli_bad_scenario_exits_2_with_one_line(tmp_path: Path, text: str, phrase: str) -> None:
+    path = write(tmp_path, text)
+    result = CliRunner().invoke(app, ["run", str(path), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert phrase in result.output and str(path) in result.output
+    assert not (tmp_path / "out").exists()  # nothing launched, nothing written
+
+
+def test_cli_missing_scenario_and_bad_flags(tmp_path: Path) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(app, ["run", str(tmp_path / "none.toml")])
+    assert missing.exit_code == 2 and "scenario file not found" in missing.output
+    zero = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--cycles", "0"])
+    assert zero.exit_code == 2
+    nopatch = runner.invoke(
+        app, ["run", str(write(tmp_path, MINIMAL)), "--patch", str(tmp_path / "x.diff")]
+    )
+    assert nopatch.exit_code == 2 and "--patch: file not found" in nopatch.output

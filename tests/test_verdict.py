@@ -1,0 +1,268 @@
+"""Unit tests of specwake.verdict: outcome rules and their order, verdicts, exit codes, wording.
+
+Stages are built here with chosen numbers; the thresholds they sit on are computed, not typed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
+from specwake.results import StageResult, VariantResult
+from specwake.verdict import (
+    COLLAPSE_AL,
+    EXPECTATIONS,
+    INCOMPLETE,
+    OUTCOMES,
+    decide_outcome,
+    decide_verdict,
+    exit_code,
+    explain,
+    outcome_matches,
+)
+
+TOL = 0.05
+
+
+def stage(cycle: int, al: float | None, drafts: int = 100, k: int = 3) -> StageResult:
+    accepted = round(((al or 1.0) - 1.0) * drafts)
+    return StageResult(
+        name="fresh" if cycle == 0 else f"after L2 #{cycle}",
+        cycle=cycle,
+        acceptance_length=al,
+        num_drafts=drafts,
+        num_draft_tokens=drafts * k,
+        num_accepted_tokens=accepted,
+        per_position=[],
+        tok_s=[10.0],
+        tok_s_median=10.0,
+        completion_tokens=[32],
+        outputs=["x"],
+        outputs_match_fresh=None if cycle == 0 else True,
+    )
+
+
+def outcome(stages: list[StageResult], **kw: bool) -> str:
+    flags = {"crashed": False, "never_ready": False} | kw
+    return decide_outcome(stages, tolerance=TOL, **flags)
+
+
+def variant(outcome_: str, stages: list[StageResult], **kw: object) -> VariantResult:
+    base = VariantResult(
+        name="baseline",
+        outcome=outcome_,
+        expected="any",
+        matched=True,
+        platform="cpu",
+        l2_discard="emulated",
+        vllm_version="0.32.0",
+        vllm_file=None,
+        python="/usr/bin/python3",
+        patch=None,
+        patch_sha256=None,
+        overlay=None,
+        command=[],
+        env={},
+        stages=stages,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------ decide_outcome
+
+
+def test_recover_when_every_post_stage_is_within_tolerance() -> None:
+    assert outcome([stage(0, 4.0), stage(1, 3.9), stage(2, 4.0)]) == "recover"
+
+
+def test_recover_on_the_exact_tolerance_bound_despite_float_noise() -> None:
+    fresh = 2.47
+    bound = round((1 - TOL) * fresh, 9)  # the decimal bound; binary floats put it a hair above
+    assert (1 - TOL) * fresh > bound  # the case this test exists for
+    assert outcome([stage(0, fresh), stage(1, bound)]) == "recover"
+
+
+def test_degraded_just_below_the_bound() -> None:
+    fresh = 4.0
+    below = (1 - TOL) * fresh - 0.01
+    assert outcome([stage(0, fresh), stage(1, 4.0), stage(2, below)]) == "degraded"
+
+
+def test_collapse_when_a_post_stage_has_drafts_and_no_acceptance() -> None:
+    assert outcome([stage(0, 4.0), stage(1, 1.0)]) == "collapse"
+
+
+def test_collapse_threshold_is_inclusive_and_first_collapse_wins_over_recovery() -> None:
+    stages = [stage(0, 4.0), stage(1, 4.0), stage(2, COLLAPSE_AL)]
+    assert outcome(stages) == "collapse"
+    above = [stage(0, 4.0), stage(1, COLLAPSE_AL + 0.01)]
+    assert outcome(above) == "degraded"
+
+
+def test_collapse_threshold_can_be_changed() -> None:
+    stages = [stage(0, 4.0), stage(1, 1.5)]
+    assert outcome(stages) == "degraded"
+    relaxed = decide_outcome(
+        stages, crashed=False, never_ready=False, tolerance=TOL, collapse_al=1.5
+    )
+    assert relaxed == "collapse"
+
+
+def test_fresh_al_of_one_that_stays_is_collapse_not_recover() -> None:
+    # a drafter that never worked: fresh 1.00 and after 1.00 is no evidence of recovery
+    assert outcome([stage(0, 1.0), stage(1, 1.0)]) == "collapse"
+
+
+def test_post_stage_without_drafts_is_not_collapse() -> None:
+    assert outcome([stage(0, 4.0), stage(1, None, drafts=0)]) == "degraded"
+
+
+@pytest.mark.parametrize(
+    "stages",
+    [
+        [],
+        [stage(0, 4.0)],  # no post-cycle stage
+        [stage(1, 4.0)],  # no fresh stage
+        [stage(0, None, drafts=0), stage(1, None, drafts=0)],  # speculation never drafted
+    ],
+    ids=["nothing", "fresh-only", "post-only", "no-drafts"],
+)
+def test_degraded_when_nothing_proves_recovery(stages: list[StageResult]) -> None:
+    assert outcome(stages) == "degraded"
+
+
+def test_crash_keeps_priority_over_its_partial_measurement() -> None:
+    measured = [stage(0, 4.0), stage(1, 1.0)]
+    assert outcome(measured, crashed=True) == "crash"
+    assert outcome([], crashed=True) == "crash"
+
+
+def test_never_ready_is_error_before_anything_else() -> None:
+    assert outcome([], never_ready=True, crashed=True) == "error"
+
+
+@pytest.mark.parametrize("tolerance", [-0.1, 1.0, 2.0])
+def test_bad_tolerance_is_rejected(tolerance: float) -> None:
+    with pytest.raises(ValueError, match="tolerance"):
+        decide_outcome([], crashed=False, never_ready=False, tolerance=tolerance)
+
+
+# ------------------------------------------------------------ matching and verdicts
+
+
+@pytest.mark.parametrize("out", OUTCOMES)
+@pytest.mark.parametrize("expected", EXPECTATIONS)
+def test_outcome_matches_table(out: str, expected: str) -> None:
+    should = out != "error" and (expected == "any" or expected == out)
+    assert outcome_matches(out, expected) is should
+
+
+def test_degraded_only_matches_any() -> None:
+    assert [e for e in EXPECTATIONS if outcome_matches("degraded", e)] == ["any"]
+
+
+def test_unknown_labels_are_rejected() -> None:
+    with pytest.raises(ValueError, match="outcome"):
+        outcome_matches("recovered", "recover")
+    with pytest.raises(ValueError, match="expectation"):
+        outcome_matches("recover", "degraded")
+
+
+@pytest.mark.parametrize(
+    ("pairs", "verdict"),
+    [
+        ([("collapse", "collapse"), ("recover", "recover")], "pass"),
+        ([("collapse", "any"), ("crash", "any")], "pass"),
+        ([("collapse", "collapse"), ("collapse", "recover")], "fail"),
+        ([("degraded", "recover"), ("error", "recover")], "fail"),  # fail wins over error
+        ([("collapse", "collapse"), ("error", "recover")], "error"),
+        ([("error", "any")], "error"),
+        ([], "error"),
+    ],
+)
+def test_decide_verdict(pairs: list[tuple[str, str]], verdict: str) -> None:
+    assert decide_verdict(pairs) == verdict
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "code"),
+    [
+        (["pass"], EXIT_PASS),
+        (["pass", "pass"], EXIT_PASS),
+        (["pass", "fail"], EXIT_FAIL),
+        (["error", "fail", "pass"], EXIT_FAIL),
+        (["pass", "error"], EXIT_INFRA),
+        ([], EXIT_INFRA),
+    ],
+)
+def test_exit_code(verdicts: list[str], code: int) -> None:
+    assert exit_code(verdicts) == code
+
+
+def test_exit_code_rejects_unknown_verdict() -> None:
+    with pytest.raises(ValueError, match="verdict"):
+        exit_code(["PASS"])
+
+
+# ------------------------------------------------------------ explain
+
+
+def test_explain_collapse_names_the_stage_and_counts() -> None:
+    collapsed = stage(1, 1.0, drafts=96)
+    line = explain(variant("collapse", [stage(0, 4.0), collapsed]), TOL)
+    assert line.startswith("AL 4.00 → 1.00")
+    assert collapsed.name in line
+    assert f"{collapsed.num_accepted_tokens}/{collapsed.num_draft_tokens}" in line
+    assert f"{collapsed.num_drafts} drafts" in line
+    assert "\n" not in line
+
+
+def test_explain_recover_shows_the_bound() -> None:
+    line = explain(variant("recover", [stage(0, 4.0), stage(1, 3.9)]), TOL)
+    assert line.startswith("AL 4.00 → 3.90")
+    assert f"{(1 - TOL) * 4.0:.2f}" in line
+
+
+def test_explain_degraded_names_the_low_stage() -> None:
+    stages = [stage(0, 4.0), stage(1, 4.0), stage(2, 2.5)]
+    line = explain(variant("degraded", stages), TOL)
+    assert "after L2 #2: AL 2.50" in line
+    assert f"{(1 - TOL) * 4.0:.2f}" in line
+
+
+def test_explain_degraded_without_drafts() -> None:
+    stages = [stage(0, None, drafts=0), stage(1, None, drafts=0)]
+    assert "no drafts" in explain(variant("degraded", stages), TOL)
+
+
+def test_explain_crash_after_partial_measurement_keeps_the_numbers() -> None:
+    crashed = variant(
+        "crash",
+        [stage(0, 4.0), stage(1, 1.0)],
+        crash_class="step_failed",
+        error="POST /collective_rpc answered 500\nTraceback ...",
+    )
+    line = explain(crashed, TOL)
+    assert "step_failed" in line
+    assert "POST /collective_rpc answered 500" in line
+    assert "Traceback" not in line
+    assert "AL 4.00 → 1.00 before the crash" in line
+
+
+def test_explain_crash_before_any_stage() -> None:
+    line = explain(variant("crash", [], crash_class="server_exited"), TOL)
+    assert "server_exited" in line and "no stage measured" in line
+
+
+def test_explain_error_gives_first_line_of_the_error() -> None:
+    failed = variant("error", [], crash_class="startup_failed", error="exited with 1\nlog tail")
+    line = explain(failed, TOL)
+    assert "startup_failed" in line and "exited with 1" in line and "log tail" not in line
+
+
+def test_explain_a_variant_still_running() -> None:
+    running = variant(INCOMPLETE, [stage(0, 4.0), stage(1, 1.0)], matched=False)
+    assert explain(running, TOL) == "not finished; AL 4.00 → 1.00 so far"
+    assert explain(variant(INCOMPLETE, []), TOL) == "no stage measured yet"
