@@ -15,9 +15,10 @@ import typer
 
 from specwake import __version__
 from specwake.console import Ui
-from specwake.errors import EXIT_INPUT, EXIT_INTERRUPTED, Interrupted, SpecwakeError
+from specwake.errors import EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, Interrupted, SpecwakeError
 from specwake.report import load_result, render_markdown
-from specwake.runner import make_run_dir, prepare, run_scenario
+from specwake.prepare import describe, plan_variant, prepare, require_runnable
+from specwake.runner import make_run_dir, run_scenario
 from specwake.scenario import Overrides, load_scenario
 from specwake.tinymodel import BUILTIN_MODELS, cache_dir, ensure_builtin_model
 from specwake.verdict import exit_code
@@ -42,9 +43,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 @app.command()
 def run(
-    scenarios: Annotated[
-        list[Path], typer.Argument(help="Scenario TOML files.", show_default=False)
-    ],
+    scenarios: Annotated[list[Path], typer.Argument(help="Scenario TOML files.", show_default=False)],
     cycles: Annotated[
         int | None,
         typer.Option(min=1, help="Sleep/wake cycles per variant (overrides cycle.count)."),
@@ -53,15 +52,9 @@ def run(
         int | None,
         typer.Option(min=1, help="Tensor parallel size (overrides server.tensor_parallel_size)."),
     ] = None,
-    variant: Annotated[
-        list[str] | None, typer.Option("--variant", help="Run only this variant (repeatable).")
-    ] = None,
-    patch: Annotated[
-        Path | None, typer.Option(help="Diff for the `patched` variant (overrides its patch).")
-    ] = None,
-    output: Annotated[
-        Path, typer.Option(help="Results folder; each run gets a new sub-folder.")
-    ] = Path("results"),
+    variant: Annotated[list[str] | None, typer.Option("--variant", help="Run only this variant (repeatable).")] = None,
+    patch: Annotated[Path | None, typer.Option(help="Diff for the `patched` variant (overrides its patch).")] = None,
+    output: Annotated[Path, typer.Option(help="Results folder; each run gets a new sub-folder.")] = Path("results"),
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
     """Run scenarios: baseline and patched servers, L2 cycles, AL and tok/s before and after, verdict."""
@@ -74,6 +67,8 @@ def run(
     try:
         loaded = [load_scenario(path, overrides) for path in scenarios]
         prepared = [prepare(s, cache_dir(), ui.event) for s in loaded]
+        for variants in prepared:
+            require_runnable(variants)
         results = []
         for scenario, variants in zip(loaded, prepared, strict=True):
             run_dir = make_run_dir(output, scenario.name, dt.datetime.now(dt.timezone.utc))
@@ -90,10 +85,40 @@ def run(
 
 
 @app.command()
+def check(
+    scenarios: Annotated[list[Path], typer.Argument(help="Scenario TOML files.", show_default=False)],
+    tp: Annotated[int | None, typer.Option(min=1, help="Tensor parallel size (overrides the files).")] = None,
+    variant: Annotated[list[str] | None, typer.Option("--variant", help="Check only this variant.")] = None,
+    patch: Annotated[Path | None, typer.Option(help="Diff for the `patched` variant.")] = None,
+    no_gpu_check: Annotated[
+        bool, typer.Option("--no-gpu-check", help="Report missing GPUs / sleep mode instead of failing (exit 0).")
+    ] = False,
+) -> None:
+    """Validate scenarios and show exactly what `run` would start (argv, env, GPUs); launches no server."""
+    ui = Ui()
+    if patch is not None and not patch.is_file():
+        ui.error(f"--patch: file not found: {patch}")
+        raise typer.Exit(EXIT_INPUT)
+    overrides = Overrides(tp=tp, variants=tuple(variant or ()), patch=patch)
+    problems = []
+    try:
+        for path in scenarios:
+            scenario = load_scenario(path, overrides)
+            prepared = prepare(scenario, cache_dir(), ui.event)
+            plans = [plan_variant(scenario, p, port=0) for p in prepared]
+            ui.report(describe(scenario, prepared, plans))
+            problems += [p.platform_problem for p in prepared if p.platform_problem]
+    except SpecwakeError as exc:
+        _fail(ui, exc)
+    if problems and not no_gpu_check:
+        ui.error(f"{len(problems)} variant(s) cannot run on this machine (see NOT RUNNABLE HERE above)")
+        raise typer.Exit(EXIT_INFRA)
+    ui.note(f"ok: {len(scenarios)} scenario(s) checked" + (f", {len(problems)} not runnable here (reported)" if problems else ""))
+
+
+@app.command()
 def report(
-    results: Annotated[
-        list[Path], typer.Argument(help="result.json files or run folders.", show_default=False)
-    ],
+    results: Annotated[list[Path], typer.Argument(help="result.json files or run folders.", show_default=False)],
 ) -> None:
     """Print the Markdown report of earlier runs (one comment for many runs)."""
     ui = Ui()
@@ -106,9 +131,7 @@ def report(
 
 @models_app.command("tiny")
 def models_tiny(
-    python: Annotated[
-        str | None, typer.Option(help="Interpreter with torch (default: this one).")
-    ] = None,
+    python: Annotated[str | None, typer.Option(help="Interpreter with torch (default: this one).")] = None,
 ) -> None:
     """Generate the builtin tiny-llama pair into specwake's cache (SPECWAKE_CACHE)."""
     ui = Ui()

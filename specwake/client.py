@@ -49,9 +49,7 @@ def _body(response: httpx.Response) -> Any:
 
 
 class VllmClient:
-    def __init__(
-        self, http: httpx.Client, *, clock: Callable[[], float] = time.perf_counter
-    ) -> None:
+    def __init__(self, http: httpx.Client, *, clock: Callable[[], float] = time.perf_counter) -> None:
         self.http = http
         self.clock = clock
 
@@ -66,14 +64,20 @@ class VllmClient:
     ) -> Answer:
         """One call; a deadline or a broken connection raises, any HTTP status is returned."""
         url = str(self.http.base_url).rstrip("/") + path
-        start = self.clock()
-        try:
-            response = self.http.request(method, path, params=params, json=json, timeout=timeout)
-        except httpx.TimeoutException:
-            raise RequestTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
-        except httpx.TransportError as exc:
-            raise RequestFailed(f"{method} {url}: {type(exc).__name__}: {exc}") from None
-        return Answer(response.status_code, _body(response), self.clock() - start)
+        # vLLM's server drops a keep-alive connection after a 500; a GET is safe to send once more.
+        attempts = 2 if method == "GET" else 1
+        for attempt in range(1, attempts + 1):
+            start = self.clock()
+            try:
+                response = self.http.request(method, path, params=params, json=json, timeout=timeout)
+            except httpx.TimeoutException:
+                raise RequestTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
+            except httpx.TransportError as exc:
+                if attempt < attempts and isinstance(exc, (httpx.ReadError, httpx.RemoteProtocolError)):
+                    continue
+                raise RequestFailed(f"{method} {url}: {type(exc).__name__}: {exc}") from None
+            return Answer(response.status_code, _body(response), self.clock() - start)
+        raise AssertionError("unreachable")
 
     def checked(self, method: str, path: str, *, timeout: float, **kwargs: Any) -> Answer:
         """Like `request`, but a non-2xx answer raises RequestFailed with the server's text."""
@@ -133,9 +137,7 @@ class VllmClient:
         """A worker method's per-worker results; raises on a non-2xx answer."""
         answer = self.collective_rpc(method, timeout=timeout)
         if not answer.ok:
-            raise RequestFailed(
-                f"collective_rpc {method}: HTTP {answer.status}: {_short(answer.body)}"
-            )
+            raise RequestFailed(f"collective_rpc {method}: HTTP {answer.status}: {_short(answer.body)}")
         body = answer.body
         return list(body.get("results", [])) if isinstance(body, dict) else []
 

@@ -5,6 +5,7 @@ One short subprocess per interpreter: version, package folder, platform, sleep-m
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -75,8 +76,9 @@ def resolve_python(python: str | None) -> str:
     return found
 
 
+@functools.lru_cache(maxsize=None)
 def probe_engine(python: str, timeout_s: float = 180.0) -> EngineInfo:
-    """Import vLLM in `python` and describe it. Raises EngineMissing when that fails."""
+    """Import vLLM in `python` and describe it (once per interpreter). Raises EngineMissing when that fails."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     try:
         proc = subprocess.run(
@@ -90,9 +92,7 @@ def probe_engine(python: str, timeout_s: float = 180.0) -> EngineInfo:
     except FileNotFoundError:
         raise EngineMissing(f"interpreter not found: {python}") from None
     except subprocess.TimeoutExpired:
-        raise EngineMissing(
-            f"{python}: importing vllm took longer than {timeout_s:.0f} s"
-        ) from None
+        raise EngineMissing(f"{python}: importing vllm took longer than {timeout_s:.0f} s") from None
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SPECWAKE_PROBE ")), None)
     if proc.returncode != 0 or line is None:
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]

@@ -61,6 +61,10 @@ class StartupFailed(InfraError):
         super().__init__(message)
 
 
+class PlatformMismatch(InfraError):
+    """E.g. real L2 sleep asked on a CPU build, or more tensor-parallel ranks than GPUs."""
+
+
 class ResultsUnwritable(InfraError):
     pass
 

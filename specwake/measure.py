@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specwake.client import Completion, VllmClient
+from specwake.errors import RequestFailed
 from specwake.metrics import SpecCounters, counter_delta, parse_spec_counters
 from specwake.results import StageResult
 
@@ -42,6 +43,14 @@ def _request(client: VllmClient, workload: Workload, index: int) -> Completion:
     )
 
 
+def _scrape(client: VllmClient) -> SpecCounters:
+    text = client.metrics_text()
+    try:
+        return parse_spec_counters(text)
+    except ValueError as exc:
+        raise RequestFailed(f"GET /metrics: not Prometheus text ({exc}): {text[:200]!r}") from None
+
+
 def _settled_counters(
     client: VllmClient,
     before: SpecCounters,
@@ -52,7 +61,7 @@ def _settled_counters(
     """Scrape /metrics until the generation counter has seen our tokens (stats arrive asynchronously)."""
     deadline = time.monotonic() + wait_s
     while True:
-        after = parse_spec_counters(client.metrics_text())
+        after = _scrape(client)
         seen = after.generation_tokens - before.generation_tokens
         if seen >= tokens or time.monotonic() >= deadline:
             return after
@@ -71,13 +80,9 @@ def run_stage(
     sleep: Callable[[float], None] = time.sleep,
 ) -> StageResult:
     """Measure one stage. Server faults (timeouts, HTTP errors) propagate as ServerFault."""
-    start = parse_spec_counters(client.metrics_text())
-    warm_tokens = sum(
-        _request(client, workload, i).completion_tokens for i in range(workload.warmup)
-    )
-    before = (
-        _settled_counters(client, start, warm_tokens, settle_s, sleep) if warm_tokens else start
-    )
+    start = _scrape(client)
+    warm_tokens = sum(_request(client, workload, i).completion_tokens for i in range(workload.warmup))
+    before = _settled_counters(client, start, warm_tokens, settle_s, sleep) if warm_tokens else start
     completions = []
     for i in range(workload.repeats):
         completion = _request(client, workload, i)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specwake.errors import ScenarioError
+from specwake.errors import PlatformMismatch
 from specwake.scenario import Scenario, Variant
 
 WORKER_EXTENSION = "specwake.worker_ext.SpecwakeWorkerExtension"
@@ -73,15 +73,13 @@ def resolve_discard(scenario: Scenario, sleep_mode: bool, platform: str) -> str:
     if wanted == "auto":
         return "native" if sleep_mode else "emulated"
     if wanted == "native" and not sleep_mode:
-        raise ScenarioError(
-            str(scenario.file),
-            "cycle.discard",
+        raise PlatformMismatch(
+            f"{scenario.file}: cycle.discard: "
             f"'native' needs vLLM sleep mode, which is not available on {platform}; use 'auto' or 'emulated'",
         )
     if wanted == "emulated" and sleep_mode:
-        raise ScenarioError(
-            str(scenario.file),
-            "cycle.discard",
+        raise PlatformMismatch(
+            f"{scenario.file}: cycle.discard: "
             f"'emulated' is for platforms without sleep mode; {platform} has real L2 sleep, use 'auto' or 'native'",
         )
     return wanted

@@ -24,14 +24,11 @@ STAGES_FILE = "stages.csv"
 SHORT_SHA = 12
 DEFAULT_TOLERANCE = 0.05  # used only when a result does not record its [expect] tolerance
 EMULATED_NOTE = (
-    "L2 discard emulated on CPU: specwake zeroed every weight after /sleep?level=2; "
-    "wake and reload are unmodified vLLM"
+    "L2 discard emulated on CPU: after /sleep?level=2 specwake zeroed every parameter tensor vLLM exposes "
+    "(CPU linear layers also keep packed oneDNN copies it cannot reach); wake and reload are unmodified vLLM"
 )
 RESET_MARK = " †"
-RESET_NOTE = (
-    "† a counter went backwards during this stage (engine restarted): "
-    "its numbers count from the restart"
-)
+RESET_NOTE = "† a counter went backwards during this stage (engine restarted): its numbers count from the restart"
 TABLE_COLUMNS = (
     "variant",
     "stage",
@@ -199,9 +196,7 @@ def _unique(values: Sequence[str]) -> list[str]:
 
 def provenance_line(result: ScenarioResult) -> str:
     versions = ", ".join(f"{v.name} {v.vllm_version or MISSING}" for v in result.variants)
-    patches = ", ".join(
-        f"{v.name} {_short(v.patch_sha256)}" for v in result.variants if v.patch_sha256
-    )
+    patches = ", ".join(f"{v.name} {_short(v.patch_sha256)}" for v in result.variants if v.patch_sha256)
     platforms = ", ".join(_unique([v.platform for v in result.variants])) or MISSING
     parts = [
         f"vLLM: {versions or MISSING}",

@@ -37,9 +37,7 @@ class StepResult:
     """One timed step of a sleep/wake cycle."""
 
     cycle: int
-    name: (
-        str  # sleep | discard | wake_weights | reload_weights | wake_kv_cache | reset_prefix_cache
-    )
+    name: str  # sleep | discard | wake_weights | reload_weights | wake_kv_cache | reset_prefix_cache
     method: str
     path: str
     status: int | None  # HTTP status, None when no answer came
@@ -109,9 +107,7 @@ def from_dict(data: dict[str, Any]) -> ScenarioResult:
     """Rebuild a ScenarioResult; raises ValueError on an unknown schema."""
     schema = data.get("schema")
     if schema not in KNOWN_SCHEMAS:
-        raise ValueError(
-            f"unknown result schema {schema!r} (this specwake reads {', '.join(KNOWN_SCHEMAS)})"
-        )
+        raise ValueError(f"unknown result schema {schema!r} (this specwake reads {', '.join(KNOWN_SCHEMAS)})")
     variants = []
     for v in data.get("variants", []):
         stages = [_build(StageResult, s) for s in v.get("stages", [])]

@@ -20,7 +20,6 @@ import httpx
 from specwake import __version__
 from specwake.client import VllmClient
 from specwake.cycle import run_cycle
-from specwake.engine import EngineInfo, probe_engine, resolve_python
 from specwake.errors import (
     RequestFailed,
     ResultsUnwritable,
@@ -29,36 +28,15 @@ from specwake.errors import (
     StartupFailed,
 )
 from specwake.measure import Workload, run_stage, stage_name
-from specwake.overlay import Overlay, build_overlay, inspect_patch
-from specwake.plan import (
-    VariantPlan,
-    build_server_command,
-    build_server_env,
-    redact_env,
-    resolve_discard,
-)
+from specwake.plan import redact_env
+from specwake.prepare import PreparedVariant, plan_variant
 from specwake.report import write_run_files
 from specwake.results import ScenarioResult, StageResult, StepResult, VariantResult
-from specwake.scenario import Scenario, Variant
+from specwake.scenario import Scenario
 from specwake.server import Server, ServerSpec, free_port
-from specwake.tinymodel import resolve_model_ref
-from specwake.verdict import decide_outcome, decide_verdict, outcome_matches
+from specwake.verdict import INCOMPLETE, decide_outcome, decide_verdict, outcome_matches
 
 Events = Callable[[str], None]
-PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
-
-
-@dataclass(frozen=True)
-class PreparedVariant:
-    """A variant with everything resolved that can be resolved without starting a server."""
-
-    variant: Variant
-    engine: EngineInfo
-    overlay: Overlay | None
-    patch_sha256: str | None
-    model: str
-    draft_model: str | None
-    l2_discard: str
 
 
 @dataclass
@@ -68,42 +46,6 @@ class _Progress:
     stages: list[StageResult] = field(default_factory=list)
     steps: list[StepResult] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def prepare(scenario: Scenario, cache: Path, events: Events) -> list[PreparedVariant]:
-    """Validate patches, probe interpreters, build overlays and builtin models. Launches no server."""
-    for (
-        variant
-    ) in scenario.variants:  # cheap input checks first, so bad input never waits on a probe
-        if variant.patch is not None:
-            inspect_patch(variant.patch)
-    engines: dict[str, EngineInfo] = {}
-    prepared = []
-    for variant in scenario.variants:
-        python = resolve_python(variant.python)
-        if python not in engines:
-            events(f"probing vLLM in {python}")
-            engines[python] = probe_engine(python)
-        engine = engines[python]
-        overlay = patch_sha = None
-        if variant.patch is not None:
-            overlay = build_overlay(variant.patch, engine.package_dir, engine.vllm_version, cache)
-            patch_sha = inspect_patch(variant.patch).sha256
-            events(
-                f"{variant.name}: overlay {'reused' if overlay.reused else 'built'} at {overlay.root}"
-            )
-            for skipped in overlay.skipped_files:
-                events(f"{variant.name}: patch file outside vllm/ skipped: {skipped}")
-        model = resolve_model_ref(scenario.server.model, python)
-        draft_ref = scenario.speculative.get("model")
-        draft = (
-            resolve_model_ref(draft_ref, python)
-            if isinstance(draft_ref, str) and draft_ref.startswith("builtin:")
-            else None
-        )
-        discard = resolve_discard(scenario, engine.sleep_mode, engine.platform)
-        prepared.append(PreparedVariant(variant, engine, overlay, patch_sha, model, draft, discard))
-    return prepared
 
 
 def make_run_dir(root: Path, scenario_name: str, now: dt.datetime) -> Path:
@@ -123,38 +65,8 @@ def make_run_dir(root: Path, scenario_name: str, now: dt.datetime) -> Path:
             probe.unlink()
             return path
     except OSError as exc:
-        raise ResultsUnwritable(
-            f"results folder not writable: {exc.filename or root}: {exc.strerror}"
-        ) from None
+        raise ResultsUnwritable(f"results folder not writable: {exc.filename or root}: {exc.strerror}") from None
     raise ResultsUnwritable(f"{root}: could not find a free run folder name")
-
-
-def plan_variant(scenario: Scenario, prep: PreparedVariant, port: int) -> VariantPlan:
-    engine = prep.engine
-    pythonpath = ([str(prep.overlay.root)] if prep.overlay else []) + [PACKAGE_PARENT]
-    argv = build_server_command(
-        scenario,
-        python=engine.python,
-        port=port,
-        model=prep.model,
-        draft_model=prep.draft_model,
-        sleep_mode=prep.l2_discard == "native",
-        is_gpu=engine.is_gpu,
-    )
-    cpu_ids = (
-        sorted(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else list(range(os.cpu_count() or 1))
-    )
-    env, added = build_server_env(
-        scenario,
-        prep.variant,
-        base_env=os.environ,
-        pythonpath=pythonpath,
-        is_gpu=engine.is_gpu,
-        cpu_ids=cpu_ids,
-    )
-    return VariantPlan(prep.variant, engine.python, argv, env, added, port, prep.l2_discard)
 
 
 def _check_imports(prep: PreparedVariant, infos: list[Any]) -> str | None:
@@ -187,9 +99,7 @@ def _measure_variant(
         raise _ImportMismatch(problem)
     served = client.model_ids()
     if prep.model not in served:
-        raise RequestFailed(
-            f"server at {server.base_url} serves {served}, not {prep.model!r}: a foreign server?"
-        )
+        raise RequestFailed(f"server at {server.base_url} serves {served}, not {prep.model!r}: a foreign server?")
     w = scenario.workload
     workload = Workload(
         prep.model,
@@ -258,7 +168,7 @@ def run_variant(
         final = outcome or decide_outcome(
             progress.stages, crashed=False, never_ready=False, tolerance=scenario.tolerance
         )
-        matched = final != "incomplete" and outcome_matches(final, variant.expected)
+        matched = final != INCOMPLETE and outcome_matches(final, variant.expected)
         return VariantResult(
             name=variant.name,
             outcome=final,
@@ -290,16 +200,10 @@ def run_variant(
         with server:
             events(f"{variant.name}: server ready")
             try:
-                _measure_variant(
-                    scenario, prep, server, progress, events, lambda: save(result("incomplete"))
-                )
+                _measure_variant(scenario, prep, server, progress, events, lambda: save(result(INCOMPLETE)))
             except ServerFault as fault:
                 died = not server.alive()
-                crash = (
-                    ServerDied(f"server exited with code {server.returncode()}: {fault}")
-                    if died
-                    else fault
-                )
+                crash = ServerDied(f"server exited with code {server.returncode()}: {fault}") if died else fault
                 return result("crash", str(crash), crash.crash_class, server.log_tail(40))
             except _ImportMismatch as exc:
                 return result("error", str(exc), "overlay_not_used", server.log_tail(20))
@@ -322,13 +226,9 @@ def host_info() -> dict[str, Any]:
     }
 
 
-def assemble(
-    scenario: Scenario, variants: list[VariantResult], started_at: str, complete: bool
-) -> ScenarioResult:
+def assemble(scenario: Scenario, variants: list[VariantResult], started_at: str, complete: bool) -> ScenarioResult:
     """The scenario result; a variant still running (outcome `incomplete`) takes no part in the verdict."""
-    verdict = decide_verdict(
-        [(v.outcome, v.expected) for v in variants if v.outcome != "incomplete"]
-    )
+    verdict = decide_verdict([(v.outcome, v.expected) for v in variants if v.outcome != INCOMPLETE])
     return ScenarioResult(
         scenario={
             "name": scenario.name,
@@ -350,9 +250,7 @@ def _now_iso() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def run_scenario(
-    scenario: Scenario, prepared: list[PreparedVariant], run_dir: Path, events: Events
-) -> ScenarioResult:
+def run_scenario(scenario: Scenario, prepared: list[PreparedVariant], run_dir: Path, events: Events) -> ScenarioResult:
     """Run every prepared variant in turn. On Ctrl-C the partial result is saved before re-raising."""
     started_at = _now_iso()
     done: list[VariantResult] = []

@@ -76,9 +76,7 @@ class ServerSection(_Strict):
     @classmethod
     def _args_is_list(cls, value: Any) -> Any:
         if isinstance(value, str):
-            raise ValueError(
-                'must be a list of strings, not one shell string (e.g. ["--seed", "0"])'
-            )
+            raise ValueError('must be a list of strings, not one shell string (e.g. ["--seed", "0"])')
         return value
 
     @field_validator("args")
@@ -127,9 +125,7 @@ class ScenarioFile(_Strict):
     speculative: dict[str, Any]
     workload: WorkloadSection = WorkloadSection()
     cycle: CycleSection = CycleSection()
-    variants: dict[str, VariantSection] = Field(
-        default_factory=lambda: {"baseline": VariantSection()}
-    )
+    variants: dict[str, VariantSection] = Field(default_factory=lambda: {"baseline": VariantSection()})
     expect: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("speculative")
@@ -149,29 +145,21 @@ class ScenarioFile(_Strict):
             raise ValueError("needs at least one variant")
         for name in value:
             if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-                raise ValueError(
-                    f"variant name {name!r} may use only letters, digits, '_', '.', '-'"
-                )
+                raise ValueError(f"variant name {name!r} may use only letters, digits, '_', '.', '-'")
         return value
 
     @model_validator(mode="after")
     def _expectations(self) -> ScenarioFile:
         for key, value in self.expect.items():
             if key == "tolerance":
-                if (
-                    isinstance(value, bool)
-                    or not isinstance(value, (int, float))
-                    or not 0 <= value < 1
-                ):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                     raise ValueError("expect.tolerance: must be a number in [0, 1)")
                 continue
             if key not in self.variants:
                 hint = _did_you_mean(key, [*self.variants, "tolerance"])
                 raise ValueError(f"expect.{key}: no variant named {key!r}{hint}")
             if value not in ("recover", "collapse", "crash", "any"):
-                raise ValueError(
-                    f"expect.{key}: must be one of recover, collapse, crash, any (got {value!r})"
-                )
+                raise ValueError(f"expect.{key}: must be one of recover, collapse, crash, any (got {value!r})")
         return self
 
 
@@ -239,9 +227,7 @@ def _did_you_mean(word: str, choices: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _error_from_validation(
-    file: str, exc: ValidationError, doc_keys: dict[str, Any]
-) -> ScenarioError:
+def _error_from_validation(file: str, exc: ValidationError, doc_keys: dict[str, Any]) -> ScenarioError:
     err = exc.errors()[0]
     loc = ".".join(str(part) for part in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
@@ -273,9 +259,7 @@ def _load_prompts(file: Path, spec: str | list[str]) -> tuple[str, ...]:
     key = "workload.prompts"
     if isinstance(spec, list):
         if not spec or not all(p.strip() for p in spec):
-            raise ScenarioError(
-                str(file), key, "prompt list must be non-empty and have no empty prompts"
-            )
+            raise ScenarioError(str(file), key, "prompt list must be non-empty and have no empty prompts")
         return tuple(spec)
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")
@@ -294,9 +278,7 @@ def _load_prompts(file: Path, spec: str | list[str]) -> tuple[str, ...]:
     except UnicodeDecodeError:
         raise ScenarioError(str(file), key, f"prompts file is not UTF-8: {path}") from None
     except OSError as exc:
-        raise ScenarioError(
-            str(file), key, f"cannot read prompts file {path}: {exc.strerror}"
-        ) from None
+        raise ScenarioError(str(file), key, f"cannot read prompts file {path}: {exc.strerror}") from None
     if path.suffix == ".jsonl":
         prompts = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -305,13 +287,9 @@ def _load_prompts(file: Path, spec: str | list[str]) -> tuple[str, ...]:
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ScenarioError(
-                    str(file), key, f"{path}:{n}: invalid JSON ({exc.msg})"
-                ) from None
+                raise ScenarioError(str(file), key, f"{path}:{n}: invalid JSON ({exc.msg})") from None
             if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-                raise ScenarioError(
-                    str(file), key, f'{path}:{n}: expected an object with a "prompt" string'
-                )
+                raise ScenarioError(str(file), key, f'{path}:{n}: expected an object with a "prompt" string')
             prompts.append(item["prompt"])
     else:
         prompts = [line for line in text.splitlines() if line.strip()]
@@ -357,9 +335,7 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
     if overrides.variants:
         for name in overrides.variants:
             if name not in variants:
-                raise ScenarioError(
-                    shown, "--variant", f"no variant {name!r} (have: {', '.join(variants)})"
-                )
+                raise ScenarioError(shown, "--variant", f"no variant {name!r} (have: {', '.join(variants)})")
         variants = {n: v for n, v in variants.items() if n in overrides.variants}
 
     resolved = []
@@ -383,9 +359,7 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
     )
 
 
-def _resolve_patch(
-    shown: str, file: Path, name: str, section: VariantSection, overrides: Overrides
-) -> Path | None:
+def _resolve_patch(shown: str, file: Path, name: str, section: VariantSection, overrides: Overrides) -> Path | None:
     if name == "patched" and overrides.patch is not None:
         patch, key = overrides.patch.expanduser().resolve(), "--patch"
     elif section.patch:

@@ -152,9 +152,7 @@ def _why_measured(stages: Sequence[StageResult], tolerance: float, collapse_al: 
     if not post:
         return "no stage measured after a cycle"
     bound = _recovery_bound(fresh.acceptance_length, tolerance)
-    low = [
-        s for s in post if s.acceptance_length is None or not _at_least(s.acceptance_length, bound)
-    ]
+    low = [s for s in post if s.acceptance_length is None or not _at_least(s.acceptance_length, bound)]
     if not low:
         return f"every post-cycle AL ≥ {bound:.2f} = {1 - tolerance:.0%} of fresh"
     worst = low[0]

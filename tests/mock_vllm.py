@@ -18,9 +18,7 @@ class MockVllm:
     k: int = 3
     draft_ok: bool = True  # whether the drafter's weights are intact
     reload_restores_draft: bool = False  # the patched behaviour
-    fail: dict[str, int] = field(
-        default_factory=dict
-    )  # path or rpc method -> HTTP status to answer
+    fail: dict[str, int] = field(default_factory=dict)  # path or rpc method -> HTTP status to answer
     hang: set[str] = field(default_factory=set)  # paths/methods that time out
     lag_metrics: int = 0  # answer this many /metrics scrapes with stale counters
     drafts: int = 0
@@ -75,9 +73,7 @@ class MockVllm:
         if key in self.hang:
             raise httpx.ReadTimeout("timed out", request=request)
         if key in self.fail:
-            return httpx.Response(
-                self.fail[key], json={"error": {"message": f"{key} failed on purpose"}}
-            )
+            return httpx.Response(self.fail[key], json={"error": {"message": f"{key} failed on purpose"}})
         if path == "/metrics":
             text = self.metrics()
             if self.lag_metrics > 0 and self._stale is not None:
@@ -104,12 +100,8 @@ class MockVllm:
                 self.draft_ok = True
             return httpx.Response(200)
         if path in ("/sleep", "/wake_up", "/reset_prefix_cache", "/health", "/collective_rpc"):
-            return httpx.Response(
-                200, json={"results": [None]} if path == "/collective_rpc" else None
-            )
+            return httpx.Response(200, json={"results": [None]} if path == "/collective_rpc" else None)
         return httpx.Response(404, text="not found")
 
     def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url="http://127.0.0.1:9", transport=httpx.MockTransport(self.handler)
-        )
+        return httpx.Client(base_url="http://127.0.0.1:9", transport=httpx.MockTransport(self.handler))

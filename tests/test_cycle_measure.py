@@ -25,9 +25,7 @@ WORKLOAD = Workload(
 
 def test_l2_sequence_order_and_statuses() -> None:
     server = MockVllm()
-    steps, fault = run_cycle(
-        VllmClient(server.client()), 1, level=2, emulate_discard=True, step_timeout_s=5
-    )
+    steps, fault = run_cycle(VllmClient(server.client()), 1, level=2, emulate_discard=True, step_timeout_s=5)
     assert fault is None
     assert [s.name for s in steps] == [
         "sleep",
@@ -60,9 +58,7 @@ def test_native_discard_and_level_1() -> None:
 
 def test_failed_step_stops_the_cycle_and_keeps_the_reason() -> None:
     server = MockVllm(fail={"reload_weights": 500})
-    steps, fault = run_cycle(
-        VllmClient(server.client()), 2, level=2, emulate_discard=True, step_timeout_s=5
-    )
+    steps, fault = run_cycle(VllmClient(server.client()), 2, level=2, emulate_discard=True, step_timeout_s=5)
     assert isinstance(fault, RequestFailed) and fault.crash_class == "step_failed"
     assert steps[-1].name == "reload_weights" and steps[-1].status == 500 and not steps[-1].ok
     assert "reload_weights failed on purpose" in (steps[-1].error or "")
@@ -71,9 +67,7 @@ def test_failed_step_stops_the_cycle_and_keeps_the_reason() -> None:
 
 def test_step_timeout_is_its_own_fault() -> None:
     server = MockVllm(hang={"/wake_up"})
-    steps, fault = run_cycle(
-        VllmClient(server.client()), 1, level=2, emulate_discard=False, step_timeout_s=3
-    )
+    steps, fault = run_cycle(VllmClient(server.client()), 1, level=2, emulate_discard=False, step_timeout_s=3)
     assert isinstance(fault, RequestTimeout) and fault.crash_class == "request_timeout"
     assert steps[-1].status is None and "within 3 s" in (steps[-1].error or "")
 
@@ -83,19 +77,11 @@ def test_stage_measures_al_from_counter_deltas_excluding_warmup() -> None:
     client = VllmClient(server.client())
     fresh = run_stage(client, WORKLOAD, name="fresh", cycle=0)
     # 8 tokens per request with K=3 all accepted: 2 drafts each, 6 accepted — warmup not counted.
-    assert (
-        fresh.num_drafts == 3 * 2
-        and fresh.num_accepted_tokens == 3 * 6
-        and fresh.num_draft_tokens == 18
-    )
+    assert fresh.num_drafts == 3 * 2 and fresh.num_accepted_tokens == 3 * 6 and fresh.num_draft_tokens == 18
     assert fresh.acceptance_length == pytest.approx(1 + 18 / 6)
     assert fresh.per_position == [1.0, 1.0, 1.0]
     assert fresh.outputs == ["echo:alp", "echo:bet", "echo:alp"]
-    assert (
-        fresh.outputs_match_fresh is None
-        and len(fresh.tok_s) == 3
-        and fresh.tok_s_median is not None
-    )
+    assert fresh.outputs_match_fresh is None and len(fresh.tok_s) == 3 and fresh.tok_s_median is not None
 
     run_cycle(client, 1, level=2, emulate_discard=True, step_timeout_s=5)
     after = run_stage(client, WORKLOAD, name=stage_name(1), cycle=1, fresh=fresh)

@@ -23,9 +23,7 @@ REQUIRE = os.environ.get("SPECWAKE_REQUIRE_VLLM") == "1"
 
 if importlib.util.find_spec("vllm") is None:
     if REQUIRE:
-        raise RuntimeError(
-            "SPECWAKE_REQUIRE_VLLM=1 but vLLM is not importable: the real-engine tests must run"
-        )
+        raise RuntimeError("SPECWAKE_REQUIRE_VLLM=1 but vLLM is not importable: the real-engine tests must run")
     pytest.skip(
         "vLLM is not installed (set SPECWAKE_REQUIRE_VLLM=1 to make this a failure)",
         allow_module_level=True,
@@ -55,9 +53,7 @@ def processes_with_marker(marker: str) -> list[tuple[int, str]]:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("results")
-    marker = (
-        f"VLLM_SPECWAKE_TEST_MARK={uuid.uuid4().hex}"  # VLLM_* passes the env allow-list to servers
-    )
+    marker = f"VLLM_SPECWAKE_TEST_MARK={uuid.uuid4().hex}"  # VLLM_* passes the env allow-list to servers
     env = dict(os.environ)
     env[marker.split("=")[0]] = marker.split("=")[1]
     proc = subprocess.run(
@@ -101,11 +97,7 @@ def test_no_server_process_left(run: dict[str, Any]) -> None:
 
 def test_baseline_collapses(run: dict[str, Any]) -> None:
     base = variant(run, "baseline")
-    assert (
-        base["outcome"] == "collapse"
-        and base["l2_discard"] == "emulated"
-        and base["platform"] == "cpu"
-    )
+    assert base["outcome"] == "collapse" and base["l2_discard"] == "emulated" and base["platform"] == "cpu"
     fresh, *after = base["stages"]
     assert fresh["name"] == "fresh" and fresh["acceptance_length"] >= 3.9
     assert [s["name"] for s in after] == ["after L2 #1", "after L2 #2"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specwake.errors import ScenarioError
+from specwake.errors import PlatformMismatch
 from specwake.plan import (
     build_server_command,
     build_server_env,
@@ -109,11 +109,7 @@ def test_env_allow_list_and_precedence(scenario: Scenario) -> None:
     env, added = build_server_env(
         scenario, patched, base_env=base, pythonpath=["/ovl", "/src"], is_gpu=False, cpu_ids=[0, 1]
     )
-    assert (
-        env["PATH"] == "/bin"
-        and env["VLLM_LOGGING_LEVEL"] == "DEBUG"
-        and env["HF_TOKEN"] == "hf_secret"
-    )
+    assert env["PATH"] == "/bin" and env["VLLM_LOGGING_LEVEL"] == "DEBUG" and env["HF_TOKEN"] == "hf_secret"
     assert "AWS_SECRET_ACCESS_KEY" not in env and "RANDOM_VAR" not in env
     assert env["PYTHONPATH"] == "/ovl:/src"
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
@@ -164,10 +160,9 @@ def test_discard_resolution(scenario: Scenario) -> None:
         ("emulated", True, "for platforms without sleep mode"),
     ],
 )
-def test_discard_mismatch_is_input_error(
-    tmp_path: Path, discard: str, sleep_mode: bool, phrase: str
-) -> None:
+def test_discard_mismatch_is_input_error(tmp_path: Path, discard: str, sleep_mode: bool, phrase: str) -> None:
     path = tmp_path / "d.toml"
     path.write_text(SCENARIO + f'[cycle]\ndiscard = "{discard}"\n')
-    with pytest.raises(ScenarioError, match=f"cycle.discard: .*{phrase}"):
+    with pytest.raises(PlatformMismatch, match=f"cycle.discard: .*{phrase}") as info:
         resolve_discard(load_scenario(path), sleep_mode=sleep_mode, platform="x")
+    assert info.value.exit_code == 3

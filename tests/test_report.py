@@ -165,9 +165,7 @@ def test_markdown_matches_golden_file() -> None:
 def test_markdown_verdict_line_and_variant_lines() -> None:
     lines = render_markdown([tiny_cpu()]).splitlines()
     assert lines[0] == "**specwake: PASS** — tiny-cpu: 2/2 variants as expected"
-    assert any(
-        line.startswith("- baseline: collapse (expected collapse) ✓ — AL ") for line in lines
-    )
+    assert any(line.startswith("- baseline: collapse (expected collapse) ✓ — AL ") for line in lines)
     assert EMULATED_NOTE in "\n".join(lines)
 
 
@@ -242,9 +240,7 @@ def test_stages_frame_columns_and_rows() -> None:
     assert list(frame.columns) == list(STAGE_COLUMNS)
     assert len(frame) == sum(len(v.stages) for r in results for v in r.variants)
     first = results[0].variants[0].stages[0]
-    assert frame.iloc[0]["acceptance_rate"] == pytest.approx(
-        first.num_accepted_tokens / first.num_draft_tokens
-    )
+    assert frame.iloc[0]["acceptance_rate"] == pytest.approx(first.num_accepted_tokens / first.num_draft_tokens)
     assert stages_frame([]).columns.tolist() == list(STAGE_COLUMNS)
 
 
@@ -283,9 +279,7 @@ def test_old_sample_result_still_loads() -> None:
     assert result.verdict == raw["verdict"]
     assert [v.name for v in result.variants] == [v["name"] for v in raw["variants"]]
     stages = result.variants[0].stages
-    assert [s.acceptance_length for s in stages] == [
-        s["acceptance_length"] for s in raw["variants"][0]["stages"]
-    ]
+    assert [s.acceptance_length for s in stages] == [s["acceptance_length"] for s in raw["variants"][0]["stages"]]
     assert render_markdown([result]).startswith(f"**specwake: {raw['verdict'].upper()}**")
 
 

@@ -160,9 +160,7 @@ def test_unknown_variant_override(tmp_path: Path) -> None:
         load_scenario(write(tmp_path, MINIMAL), Overrides(variants=("nope",)))
 
 
-@pytest.mark.parametrize(
-    ("text", "phrase"), [(BAD[2][0], "workload.max_tokens"), (BAD[14][0], "server.args")]
-)
+@pytest.mark.parametrize(("text", "phrase"), [(BAD[2][0], "workload.max_tokens"), (BAD[14][0], "server.args")])
 def test_cli_bad_scenario_exits_2_with_one_line(tmp_path: Path, text: str, phrase: str) -> None:
     path = write(tmp_path, text)
     result = CliRunner().invoke(app, ["run", str(path), "--output", str(tmp_path / "out")])
@@ -177,7 +175,5 @@ def test_cli_missing_scenario_and_bad_flags(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "scenario file not found" in missing.output
     zero = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--cycles", "0"])
     assert zero.exit_code == 2
-    nopatch = runner.invoke(
-        app, ["run", str(write(tmp_path, MINIMAL)), "--patch", str(tmp_path / "x.diff")]
-    )
+    nopatch = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--patch", str(tmp_path / "x.diff")])
     assert nopatch.exit_code == 2 and "--patch: file not found" in nopatch.output

@@ -104,9 +104,7 @@ def test_collapse_threshold_is_inclusive_and_first_collapse_wins_over_recovery()
 def test_collapse_threshold_can_be_changed() -> None:
     stages = [stage(0, 4.0), stage(1, 1.5)]
     assert outcome(stages) == "degraded"
-    relaxed = decide_outcome(
-        stages, crashed=False, never_ready=False, tolerance=TOL, collapse_al=1.5
-    )
+    relaxed = decide_outcome(stages, crashed=False, never_ready=False, tolerance=TOL, collapse_al=1.5)
     assert relaxed == "collapse"
 
 

@@ -1,0 +1,300 @@
+"""Comparison of two runs of one scenario (`specwake compare OLD NEW`): per-stage AL and tok/s changes.
+
+Pure: joins scenario × variant × stage, flags regressions, renders Markdown; plus result path lookup.
+
+Regressions: a stage's AL fell below old × (1 − max_al_drop), or it had drafts before and none now;
+its tok/s interval (ratio of medians new/old, bootstrap) lies wholly below 1 − max_toks_drop; or a
+variant that matched its expectation before does not now (one "outcome" row per changed variant).
+An inconclusive tok/s call is shown but never a regression.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from specwake.errors import InputError
+from specwake.results import ScenarioResult, StageResult, VariantResult
+from specwake.stats import Ratio, call_change, ratio
+
+OUTCOME_STAGE = "outcome"  # the stage name of a variant-level (outcome) row
+NOT_APPLICABLE = Ratio(None, None, None, "not applicable")
+RESULT_FILE = "result.json"
+RUN_DIR = re.compile(r"^(\d{8}-\d{6})-.+")  # <UTC yyyymmdd-hhmmss>-<scenario>[-N], see runner.make_run_dir
+MISSING = "–"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One joined stage (or a variant's outcome change) of OLD and NEW."""
+
+    scenario: str
+    variant: str
+    stage: str
+    old_al: float | None
+    new_al: float | None
+    al_delta: float | None
+    old_toks: float | None  # tok/s median
+    new_toks: float | None
+    toks_ratio: Ratio  # median(new tok/s) / median(old tok/s)
+    call: str  # drop | gain | same | inconclusive (tok/s), or "changed" for an outcome row
+    regression: bool
+    reason: str  # why it is a regression ("" otherwise)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    rows: list[Row]
+    regressions: list[Row]
+    only_old: list[str]  # "scenario / variant" or "scenario / variant / stage"
+    only_new: list[str]
+
+
+def _name(result: ScenarioResult) -> str:
+    return str(result.scenario.get("name") or "unnamed")
+
+
+def _check_same_scenario(old: ScenarioResult, new: ScenarioResult, force: bool) -> None:
+    old_sha, new_sha = old.scenario.get("sha256"), new.scenario.get("sha256")
+    if force or (old_sha and old_sha == new_sha):
+        return
+    raise InputError(
+        f"the runs are of different scenario files (old sha256 {old_sha or 'unknown'}, "
+        f"new sha256 {new_sha or 'unknown'}); pass --force to compare them anyway"
+    )
+
+
+def _check_limit(value: float, what: str) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{what} must be in [0, 1), got {value}")
+
+
+def _al_problem(old: StageResult, new: StageResult, max_al_drop: float) -> str:
+    old_al, new_al = old.acceptance_length, new.acceptance_length
+    if old_al is None:
+        return ""
+    if new_al is None:
+        return f"AL {old_al:.2f} → no drafts"
+    bound = old_al * (1.0 - max_al_drop)
+    if new_al < bound:
+        change = f"{new_al / old_al - 1:+.1%}"
+        return f"AL {old_al:.2f} → {new_al:.2f} ({change}; below {bound:.2f} = old × {1 - max_al_drop:.2f})"
+    return ""
+
+
+def _toks_problem(r: Ratio, call: str, max_toks_drop: float) -> str:
+    if call != "drop" or r.ci_high is None:
+        return ""
+    return f"tok/s ×{r.value:.2f} (interval up to {r.ci_high:.2f} < {1 - max_toks_drop:.2f})"
+
+
+def _stage_row(
+    scenario: str, variant: str, old: StageResult, new: StageResult, max_al_drop: float, max_toks_drop: float
+) -> Row:
+    old_al, new_al = old.acceptance_length, new.acceptance_length
+    toks = ratio(new.tok_s, old.tok_s)
+    call = call_change(toks, max_toks_drop)
+    problems = [p for p in (_al_problem(old, new, max_al_drop), _toks_problem(toks, call, max_toks_drop)) if p]
+    return Row(
+        scenario=scenario,
+        variant=variant,
+        stage=new.name,
+        old_al=old_al,
+        new_al=new_al,
+        al_delta=new_al - old_al if old_al is not None and new_al is not None else None,
+        old_toks=old.tok_s_median,
+        new_toks=new.tok_s_median,
+        toks_ratio=toks,
+        call=call,
+        regression=bool(problems),
+        reason="; ".join(problems),
+    )
+
+
+def _describe(variant: VariantResult) -> str:
+    return f"{variant.outcome} ({'matched' if variant.matched else 'expected ' + variant.expected})"
+
+
+def _outcome_row(scenario: str, old: VariantResult, new: VariantResult) -> Row | None:
+    if old.outcome == new.outcome and old.matched == new.matched:
+        return None
+    regression = old.matched and not new.matched
+    change = f"outcome {_describe(old)} → {_describe(new)}"
+    return Row(
+        scenario=scenario,
+        variant=new.name,
+        stage=OUTCOME_STAGE,
+        old_al=None,
+        new_al=None,
+        al_delta=None,
+        old_toks=None,
+        new_toks=None,
+        toks_ratio=NOT_APPLICABLE,
+        call="changed",
+        regression=regression,
+        reason=change if regression else "",
+    )
+
+
+def _only(keys_a: Sequence[str], keys_b: Sequence[str], prefix: str) -> list[str]:
+    missing = set(keys_b)
+    return [f"{prefix} / {key}" for key in keys_a if key not in missing]
+
+
+def compare(
+    old: ScenarioResult,
+    new: ScenarioResult,
+    *,
+    max_al_drop: float = 0.05,
+    max_toks_drop: float = 0.10,
+    force: bool = False,
+) -> Comparison:
+    """Join OLD and NEW on scenario × variant × stage and flag regressions (see the module docstring).
+
+    Raises InputError naming both scenario sha256s when they differ (or one is unknown), unless force.
+    """
+    _check_limit(max_al_drop, "max_al_drop")
+    _check_limit(max_toks_drop, "max_toks_drop")
+    _check_same_scenario(old, new, force)
+    old_name, new_name = _name(old), _name(new)
+    if old_name != new_name:  # nothing joins across different scenarios
+        return Comparison([], [], [old_name], [new_name])
+    old_vars = {v.name: v for v in old.variants}
+    new_vars = {v.name: v for v in new.variants}
+    rows: list[Row] = []
+    only_old = _only(list(old_vars), list(new_vars), new_name)
+    only_new = _only(list(new_vars), list(old_vars), new_name)
+    for name, new_var in new_vars.items():
+        old_var = old_vars.get(name)
+        if old_var is None:
+            continue
+        old_stages = {s.name: s for s in old_var.stages}
+        new_stages = {s.name: s for s in new_var.stages}
+        prefix = f"{new_name} / {name}"
+        only_old += _only(list(old_stages), list(new_stages), prefix)
+        only_new += _only(list(new_stages), list(old_stages), prefix)
+        outcome = _outcome_row(new_name, old_var, new_var)
+        if outcome is not None:
+            rows.append(outcome)
+        for stage_name, new_stage in new_stages.items():
+            old_stage = old_stages.get(stage_name)
+            if old_stage is not None:
+                rows.append(_stage_row(new_name, name, old_stage, new_stage, max_al_drop, max_toks_drop))
+    return Comparison(rows, [r for r in rows if r.regression], only_old, only_new)
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def _num(value: float | None, digits: int, sign: bool = False) -> str:
+    if value is None:
+        return MISSING
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("<", "&lt;").replace("\n", " ").replace("|", "\\|")
+
+
+def _ratio_cell(r: Ratio) -> str:
+    if r.value is None:
+        return MISSING
+    if r.ci_low is None or r.ci_high is None:
+        return f"{r.value:.2f} (no interval)"
+    return f"{r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
+
+
+def _table_row(row: Row) -> str:
+    if row.stage == OUTCOME_STAGE:
+        cells = [row.variant, row.stage, MISSING, MISSING, MISSING, MISSING, row.call]
+    else:
+        cells = [
+            row.variant,
+            row.stage,
+            f"{_num(row.old_al, 2)} → {_num(row.new_al, 2)}",
+            _num(row.al_delta, 2, sign=True),
+            f"{_num(row.old_toks, 1)} → {_num(row.new_toks, 1)}",
+            _ratio_cell(row.toks_ratio),
+            row.call,
+        ]
+    cells.append("**yes**" if row.regression else "no")
+    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+
+
+def _methods(rows: Sequence[Row]) -> list[str]:
+    return list(dict.fromkeys(r.toks_ratio.method for r in rows if r.stage != OUTCOME_STAGE))
+
+
+def render_comparison_markdown(c: Comparison) -> str:
+    """A PR/nightly Markdown summary: headline, one table per scenario, regressions, unmatched keys."""
+    count = len(c.regressions)
+    headline = (
+        f"**specwake compare: {count} regression{'s' if count != 1 else ''}**"
+        if count
+        else ("**specwake compare: no regressions**")
+    )
+    lines = [headline]
+    for scenario in dict.fromkeys(r.scenario for r in c.rows):
+        rows = [r for r in c.rows if r.scenario == scenario]
+        lines += ["", f"### {_cell(scenario)}", ""]
+        lines += [
+            "| variant | stage | AL old → new | ΔAL | tok/s old → new | tok/s ratio [CI] | tok/s call | regression |",
+            "| --- | --- | ---: | ---: | ---: | ---: | :---: | :---: |",
+        ]
+        lines += [_table_row(r) for r in rows]
+    if c.regressions:
+        lines += ["", "Regressions:"]
+        lines += [f"- {_cell(f'{r.scenario} / {r.variant} / {r.stage}: {r.reason}')}" for r in c.regressions]
+    for title, keys in (("Only in old", c.only_old), ("Only in new", c.only_new)):
+        if keys:
+            lines += ["", f"{title}: " + ", ".join(_cell(k) for k in keys)]
+    methods = _methods(c.rows)
+    if methods:
+        lines += [
+            "",
+            "<sub>tok/s ratio = median(new) / median(old); interval: "
+            + "; ".join(_cell(m) for m in methods)
+            + ". An inconclusive call is never a regression.</sub>",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- paths
+
+
+def _runs_in(folder: Path) -> list[Path]:
+    """Run folders (named `<stamp>-<scenario>[-N]`, holding a result.json) directly inside `folder`."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError as exc:
+        raise InputError(f"{folder}: cannot list: {exc.strerror or exc}") from exc
+    return [e for e in entries if RUN_DIR.match(e.name) and (e / RESULT_FILE).is_file()]
+
+
+def _run_order(run: Path) -> tuple[str, int, str]:
+    """Sort key: timestamp, then name length (`x` before `x-2` before `x-10`), then name."""
+    match = RUN_DIR.match(run.name)
+    stamp = match.group(1) if match else ""
+    return stamp, len(run.name), run.name
+
+
+def resolve_result_path(path: Path) -> Path:
+    """The result.json that `path` means: the file itself, a run folder's, or a results folder's latest run.
+
+    "Latest" is by the folder name's UTC timestamp. Raises InputError naming the path otherwise.
+    """
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder")
+    if not path.is_dir():
+        raise InputError(f"{path}: not a result.json, run folder or results folder")
+    if (path / RESULT_FILE).is_file():
+        return path / RESULT_FILE
+    runs = _runs_in(path)
+    if not runs:
+        raise InputError(f"{path}: no {RESULT_FILE} here and no run folder (<yyyymmdd-hhmmss>-<scenario>) holding one")
+    return max(runs, key=_run_order) / RESULT_FILE

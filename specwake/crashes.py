@@ -1,0 +1,196 @@
+"""Pure crash classification: a server fault plus the server's log text become one named crash class.
+
+GPU evidence (illegal memory access, out of memory) wins, then a dead engine, then the runner's own class.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+CUDA_ILLEGAL_MEMORY_ACCESS = "cuda_illegal_memory_access"
+CUDA_OOM = "cuda_oom"
+ENGINE_DEAD = "engine_dead"
+STARTUP_FAILED = "startup_failed"
+REQUEST_TIMEOUT = "request_timeout"
+STEP_FAILED = "step_failed"
+SERVER_EXITED = "server_exited"
+
+CRASH_CLASSES: tuple[str, ...] = (
+    CUDA_ILLEGAL_MEMORY_ACCESS,
+    CUDA_OOM,
+    ENGINE_DEAD,
+    STARTUP_FAILED,
+    REQUEST_TIMEOUT,
+    STEP_FAILED,
+    SERVER_EXITED,
+)
+FAULT_CLASSES: tuple[str, ...] = (STARTUP_FAILED, REQUEST_TIMEOUT, STEP_FAILED, SERVER_EXITED)
+STARTUP_PHASE = "startup"
+
+Patterns = tuple[re.Pattern[str], ...]
+
+
+def _compile(*sources: str) -> Patterns:
+    return tuple(re.compile(s) for s in sources)
+
+
+# What torch / CUDA / HIP / NCCL print for an illegal memory access (vLLM issue #55013 and many others):
+# "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
+# "Search for `cudaErrorIllegalAddress' in ...", NCCL's "Cuda failure 'an illegal memory access ...'".
+# Comments in vLLM's sources say "illegal memory access" without "was encountered": never a match.
+ILLEGAL_MEMORY_ACCESS: Patterns = _compile(
+    r"illegal memory access was encountered",
+    r"\bcudaErrorIllegalAddress\b",
+    r"\bCUDA_ERROR_ILLEGAL_ADDRESS\b",
+    r"\bhipErrorIllegalAddress\b",
+)
+
+# An allocation that failed: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ...",
+# "OutOfMemoryError('CUDA out of memory ...')", vLLM's own "CUDA out of memory occurred when warming up
+# sampler ..." and "Failed to load model - not enough GPU memory". Advice such as "If you are running out
+# of memory, consider decreasing `gpu_memory_utilization`", "... to avoid OOM" or "This may cause
+# out-of-memory errors." names no failed allocation and must not match; neither does `except
+# torch.cuda.OutOfMemoryError as e:` echoed in a traceback (no ':' or '(' right after the name).
+OUT_OF_MEMORY: Patterns = _compile(
+    r"\bOutOfMemoryError\b\s*[:(]",
+    r"\b(?:CUDA|HIP) out of memory\b",
+    r"\b(?:CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|hipErrorOutOfMemory)\b",
+    r"Failed to load model - not enough GPU memory",
+)
+
+# The engine core (or a worker under it) is gone. vLLM 0.32/0.33 print "EngineCore encountered a fatal
+# error.", "[shutdown] MPClient: engine core exited unexpectedly", "Worker proc ... died unexpectedly";
+# requests then fail with EngineDeadError. Older releases: "Engine core proc EngineCore_DP0 died
+# unexpectedly, shutting down client." and V0's MQEngineDeadError / "Engine loop is not running".
+ENGINE_DEATH: Patterns = _compile(
+    r"\bEngineDeadError\b",
+    r"EngineCore encountered (?:a fatal error|an issue)",
+    r"engine core exited unexpectedly",
+    r"\bEngine core proc(?:ess)? \S+ died unexpectedly",
+    r"\b(?:Ray)?Worker ?[Pp]roc\b.*died unexpectedly",
+    r"Engine loop is not running",
+)
+
+# Where a server has finished starting: uvicorn's line, else vLLM's "Starting vLLM (API) server on".
+READY_MARKERS: Patterns = _compile(
+    r"Application startup complete",
+    r"Starting vLLM (?:API )?server\b.* on https?://",
+)
+
+# A shutdown we asked for (SIGTERM/SIGINT). From here on vLLM 0.32 logs teardown noise, including an
+# EngineDeadError traceback from the output handler, even on a clean stop: never evidence of a crash.
+SIGNAL_SHUTDOWN_MARKERS: Patterns = _compile(
+    r"\[shutdown\] API server: shutdown triggered",
+    r"\[shutdown\] EngineCore: trigger received signal",
+    r"\[shutdown\] WorkerProc: terminated by shutdown signal",
+)
+
+# A vLLM log line below ERROR: "(EngineCore pid=7) WARNING 11-29 17:59:14 [file.py:12] ...". Such lines carry
+# advice ("... to avoid OOM") and recovered faults; they never count as out-of-memory or fallback evidence.
+CHATTER_LINE = re.compile(r"^\s*(?:\([^)]*\)\s+)?(?:DEBUG|INFO|WARNING)\s+\d\d-\d\d\s")
+
+# For the fallback classes: the lines most likely to say what went wrong (exception announcements).
+ERROR_LINES: Patterns = _compile(
+    r"\b[A-Z]\w*(?:Error|Exception)\b: ",
+    r"\b(?:CUDA|HIP|NCCL) error\b",
+    r"\bdied (?:unexpectedly|with exit code)",
+)
+
+_REASONS = {
+    CUDA_ILLEGAL_MEMORY_ACCESS: "CUDA illegal memory access",
+    CUDA_OOM: "CUDA out of memory",
+    ENGINE_DEAD: "the vLLM engine core died",
+    STARTUP_FAILED: "the server never became ready",
+    REQUEST_TIMEOUT: "a request or cycle step did not answer before its deadline",
+    STEP_FAILED: "a request or cycle step failed while the server stayed up",
+    SERVER_EXITED: "the server process exited",
+}
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A classified server fault, ready for a VariantResult."""
+
+    cls: str  # one of CRASH_CLASSES
+    lines: tuple[str, ...]  # up to ~5 first matching log lines (stripped), for the report
+    reason: str  # one human line
+
+
+def first_matching_lines(log_text: str, patterns: Iterable[re.Pattern[str]], limit: int = 5) -> tuple[str, ...]:
+    """The first ``limit`` distinct lines (stripped, in log order) that match any of ``patterns``."""
+    compiled = tuple(patterns)
+    found: list[str] = []
+    for raw in log_text.splitlines():
+        line = raw.strip()
+        if line and line not in found and any(p.search(line) for p in compiled):
+            found.append(line)
+            if len(found) >= limit:
+                break
+    return tuple(found)
+
+
+def drop_chatter(log_text: str) -> str:
+    """``log_text`` without the vLLM log lines below ERROR level (see CHATTER_LINE)."""
+    return "\n".join(line for line in log_text.splitlines() if not CHATTER_LINE.match(line))
+
+
+def _first_index(lines: list[str], patterns: Patterns) -> int | None:
+    return next((i for i, line in enumerate(lines) if any(p.search(line) for p in patterns)), None)
+
+
+def relevant_log(log_text: str, phase: str) -> str:
+    """The part of the log that can explain a fault in ``phase``.
+
+    Always ends before a signal-triggered shutdown (teardown noise). After startup it also begins at the
+    ready marker, so warnings printed while starting cannot be mistaken for a crash after the cycle.
+    """
+    lines = log_text.splitlines()
+    start = 0
+    if phase != STARTUP_PHASE:
+        ready = _first_index(lines, READY_MARKERS)
+        start = ready + 1 if ready is not None else 0
+    end = _first_index(lines[start:], SIGNAL_SHUTDOWN_MARKERS)
+    stop = start + end if end is not None else len(lines)
+    return "\n".join(lines[start:stop])
+
+
+def _reason(cls: str, phase: str, fault_class: str, server_alive: bool) -> str:
+    where = f" during {phase}" if phase else ""
+    text = _REASONS[cls] + where
+    if cls != fault_class and fault_class in _REASONS:
+        text += f" (seen as {fault_class.replace('_', ' ')})"
+    if not server_alive and cls not in (SERVER_EXITED, STARTUP_FAILED):
+        text += "; the server process is gone"
+    return text
+
+
+def classify(*, fault_class: str, log_text: str, phase: str, server_alive: bool, message: str = "") -> Crash:
+    """Name a server fault from what the runner saw and what the server logged.
+
+    ``fault_class`` is the runner's view (one of FAULT_CLASSES); ``message`` is its error text (for a
+    failed step, the HTTP body with the worker's exception), scanned together with the log. A specific
+    GPU failure in the evidence wins; then a dead engine (after startup only: an engine that dies while
+    starting is what startup_failed means); then ``server_exited`` if the process is gone; else the
+    fault class. Raises ValueError on an unknown fault class.
+    """
+    if fault_class not in FAULT_CLASSES:
+        raise ValueError(f"unknown fault class {fault_class!r} (expected one of {', '.join(FAULT_CLASSES)})")
+    evidence = "\n".join(part for part in (relevant_log(log_text, phase), message) if part)
+    errors_only = drop_chatter(evidence)
+    candidates: list[tuple[str, Patterns, str]] = [
+        (CUDA_ILLEGAL_MEMORY_ACCESS, ILLEGAL_MEMORY_ACCESS, evidence),
+        (CUDA_OOM, OUT_OF_MEMORY, errors_only),
+    ]
+    if phase != STARTUP_PHASE and fault_class != STARTUP_FAILED:
+        candidates.append((ENGINE_DEAD, ENGINE_DEATH, evidence))
+    for cls, patterns, text in candidates:
+        lines = first_matching_lines(text, patterns)
+        if lines:
+            return Crash(cls, lines, _reason(cls, phase, fault_class, server_alive))
+    cls = fault_class
+    if not server_alive and fault_class in (STEP_FAILED, REQUEST_TIMEOUT):
+        cls = SERVER_EXITED
+    lines = first_matching_lines(errors_only, ERROR_LINES)
+    return Crash(cls, lines, _reason(cls, phase, fault_class, server_alive))

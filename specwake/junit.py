@@ -1,0 +1,201 @@
+"""JUnit XML of scenario results for CI dashboards (GitHub, Jenkins, Buildkite, GitLab).
+
+testsuites > testsuite per scenario > testcase per variant; built with ElementTree, written atomically.
+
+A variant whose outcome matches its expectation passes. A measured outcome that does not match is a
+<failure> ("expected recover, got collapse") carrying the AL chain and per-stage tok/s medians. A
+variant that never became ready (`error`), crashed unexpectedly, or is unfinished is an <error>
+whose `type` is its crash class. Characters XML 1.0 cannot hold (ANSI escapes in logs) are shown
+as `\\xNN`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+
+from specwake.errors import ResultsUnwritable
+from specwake.results import ScenarioResult, StageResult, VariantResult
+from specwake.verdict import INCOMPLETE, explain
+
+DEFAULT_TOLERANCE = 0.05  # only when a result does not record its [expect] tolerance
+MESSAGE_MAX = 300  # characters of an attribute message; the full text goes in the element body
+# Characters outside XML 1.0's Char production (controls other than tab/newline/CR, surrogates, U+FFFE/F).
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_safe(text: str) -> str:
+    """Text any XML parser accepts: invalid characters become a visible `\\xNN` / `\\uNNNN`."""
+
+    def escape(match: re.Match[str]) -> str:
+        code = ord(match.group())
+        return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+    return _INVALID_XML.sub(escape, text)
+
+
+def _seconds(value: float) -> str:
+    return f"{max(value, 0.0):.3f}"
+
+
+def _name(result: ScenarioResult) -> str:
+    return str(result.scenario.get("name") or "unnamed")
+
+
+def _tolerance(result: ScenarioResult) -> float:
+    settings = result.scenario.get("settings")
+    expect = settings.get("expect") if isinstance(settings, dict) else None
+    value = expect.get("tolerance") if isinstance(expect, dict) else None
+    return float(value) if isinstance(value, int | float) else DEFAULT_TOLERANCE
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def stage_line(stage: StageResult) -> str:
+    """`after L2 #1: AL 1.00 (192 drafts, 0/576 accepted), tok/s median 15.5 (n=3), outputs = fresh`."""
+    match = {None: "", True: ", outputs = fresh", False: ", outputs DIFFER from fresh"}[stage.outputs_match_fresh]
+    reset = ", counters reset" if stage.counters_reset else ""
+    return (
+        f"{stage.name}: AL {_fmt(stage.acceptance_length, 2)} ({stage.num_drafts} drafts, "
+        f"{stage.num_accepted_tokens}/{stage.num_draft_tokens} accepted), "
+        f"tok/s median {_fmt(stage.tok_s_median, 1)} (n={len(stage.tok_s)}){match}{reset}"
+    )
+
+
+def _body(variant: VariantResult, tolerance: float, *, with_log: bool) -> str:
+    lines = [f"{variant.name}: {variant.outcome} (expected {variant.expected})", explain(variant, tolerance)]
+    lines += [stage_line(s) for s in variant.stages] or ["no stage measured"]
+    if variant.error:
+        lines += ["", "error:", variant.error.rstrip("\n")]
+    if with_log and variant.log_excerpt:
+        lines += ["", f"log excerpt ({variant.log_path or 'log'}):", variant.log_excerpt.rstrip("\n")]
+    return _xml_safe("\n".join(lines) + "\n")
+
+
+def _short(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= MESSAGE_MAX else line[: MESSAGE_MAX - 1] + "…"
+
+
+def _error_class(variant: VariantResult) -> str:
+    if variant.outcome == INCOMPLETE:
+        return "incomplete"
+    default = "startup_failed" if variant.outcome == "error" else "unknown"
+    return variant.crash_class or default
+
+
+def _problem(variant: VariantResult, tolerance: float) -> ET.Element | None:
+    """The <failure> or <error> child of a variant's testcase; None when it passed."""
+    if variant.matched and variant.outcome not in ("error", INCOMPLETE):
+        return None
+    if variant.outcome in ("error", "crash", INCOMPLETE):
+        cls = _error_class(variant)
+        element = ET.Element("error", type=cls)
+        element.set("message", _xml_safe(_short(f"{variant.outcome} ({cls}): {explain(variant, tolerance)}")))
+        element.text = _body(variant, tolerance, with_log=True)
+        return element
+    element = ET.Element("failure", type="outcome_mismatch")
+    element.set("message", _xml_safe(_short(f"expected {variant.expected}, got {variant.outcome}")))
+    element.text = _body(variant, tolerance, with_log=False)
+    return element
+
+
+def _testcase(result: ScenarioResult, variant: VariantResult, tolerance: float) -> ET.Element:
+    case = ET.Element("testcase", classname=f"specwake.{_xml_safe(_name(result))}")
+    case.set("name", _xml_safe(variant.name))
+    case.set("time", _seconds(variant.seconds))
+    problem = _problem(variant, tolerance)
+    if problem is not None:
+        case.append(problem)  # its text carries the details
+    else:
+        out = ET.SubElement(case, "system-out")
+        out.text = _body(variant, tolerance, with_log=False)
+    return case
+
+
+def _properties(result: ScenarioResult) -> ET.Element:
+    props = ET.Element("properties")
+    values = {
+        "verdict": result.verdict,
+        "scenario_sha256": result.scenario.get("sha256"),
+        "scenario_file": result.scenario.get("file"),
+        "specwake_version": result.specwake_version,
+        "complete": str(result.complete).lower(),
+    }
+    for variant in result.variants:
+        values[f"{variant.name}.vllm_version"] = variant.vllm_version
+        values[f"{variant.name}.l2_discard"] = variant.l2_discard
+    for name, value in values.items():
+        if value is not None:
+            ET.SubElement(props, "property", name=_xml_safe(name), value=_xml_safe(str(value)))
+    return props
+
+
+def _count(cases: Sequence[ET.Element], tag: str) -> int:
+    return sum(1 for case in cases if case.find(tag) is not None)
+
+
+def _set_counts(element: ET.Element, cases: Sequence[ET.Element], seconds: float) -> None:
+    element.set("tests", str(len(cases)))
+    element.set("failures", str(_count(cases, "failure")))
+    element.set("errors", str(_count(cases, "error")))
+    element.set("skipped", "0")
+    element.set("time", _seconds(seconds))
+
+
+def _testsuite(result: ScenarioResult) -> tuple[ET.Element, list[ET.Element]]:
+    tolerance = _tolerance(result)
+    suite = ET.Element("testsuite", name=_xml_safe(_name(result)))
+    cases = [_testcase(result, v, tolerance) for v in result.variants]
+    _set_counts(suite, cases, sum(v.seconds for v in result.variants))
+    suite.set("timestamp", _xml_safe(result.started_at))
+    hostname = result.host.get("hostname")
+    if hostname:
+        suite.set("hostname", _xml_safe(str(hostname)))
+    suite.append(_properties(result))
+    suite.extend(cases)
+    return suite, cases
+
+
+def render_junit(results: Sequence[ScenarioResult]) -> str:
+    """The JUnit XML document (with its XML declaration) for one or more scenario results."""
+    root = ET.Element("testsuites", name="specwake")
+    all_cases: list[ET.Element] = []
+    seconds = 0.0
+    for result in results:
+        suite, cases = _testsuite(result)
+        root.append(suite)
+        all_cases += cases
+        seconds += sum(v.seconds for v in result.variants)
+    _set_counts(root, all_cases, seconds)
+    del root.attrib["skipped"]  # not part of the <testsuites> element in the common schema
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True).decode("utf-8") + "\n"
+
+
+def write_junit(path: Path, results: Sequence[ScenarioResult]) -> None:
+    """Write render_junit(results) to `path` atomically (temp file + rename; parents created).
+
+    Raises ResultsUnwritable naming the path when it cannot be written.
+    """
+    path = Path(path)
+    text = render_junit(results)
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise ResultsUnwritable(f"{path}: cannot write JUnit XML: {exc}") from exc
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)

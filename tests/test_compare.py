@@ -1,0 +1,191 @@
+"""Tests of specwake.compare: crafted OLD/NEW pairs built from the sample result with dataclasses.replace.
+
+Covers AL regressions and improvements, tok/s calls, scenario sha checks, missing keys, path lookup.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from specwake.compare import OUTCOME_STAGE, Comparison, Row, compare, render_comparison_markdown, resolve_result_path
+from specwake.errors import InputError
+from specwake.report import load_result
+from specwake.results import ScenarioResult, StageResult, VariantResult
+
+SAMPLE = Path(__file__).parent / "data" / "result-v1-sample.json"
+STEADY = [40.0, 40.5, 41.0, 40.25, 40.75]  # tight tok/s samples
+
+
+def base() -> ScenarioResult:
+    return load_result(SAMPLE)
+
+
+def set_stage(result: ScenarioResult, variant: str, stage: str, **changes: object) -> ScenarioResult:
+    def fix_stage(s: StageResult) -> StageResult:
+        return replace(s, **changes) if s.name == stage else s  # type: ignore[arg-type]
+
+    def fix_variant(v: VariantResult) -> VariantResult:
+        return replace(v, stages=[fix_stage(s) for s in v.stages]) if v.name == variant else v
+
+    return replace(result, variants=[fix_variant(v) for v in result.variants])
+
+
+def row(c: Comparison, variant: str, stage: str) -> Row:
+    found = [r for r in c.rows if r.variant == variant and r.stage == stage]
+    assert len(found) == 1, (variant, stage, c.rows)
+    return found[0]
+
+
+def test_identical_runs_join_every_stage_without_regressions() -> None:
+    result = base()
+    c = compare(result, result)
+    stages = [(v.name, s.name) for v in result.variants for s in v.stages]
+    assert [(r.variant, r.stage) for r in c.rows] == stages
+    assert c.regressions == [] and c.only_old == [] and c.only_new == []
+    assert all(r.al_delta == 0.0 and r.call == "same" for r in c.rows)
+
+
+def test_al_drop_beyond_the_limit_is_a_regression() -> None:
+    old = base()
+    new = set_stage(old, "patched", "after L2 #1", acceptance_length=3.5)
+    c = compare(old, new, max_al_drop=0.05)
+    r = row(c, "patched", "after L2 #1")
+    assert r.regression and c.regressions == [r]
+    assert r.al_delta == pytest.approx(3.5 - 4.0)
+    assert "AL 4.00 → 3.50" in r.reason
+    # a drop inside the limit is not one: 4.0 × (1 − 0.05) = 3.8
+    assert not compare(old, set_stage(old, "patched", "after L2 #1", acceptance_length=3.81)).regressions
+
+
+def test_al_gone_while_old_had_drafts_is_a_regression() -> None:
+    old = base()
+    new = set_stage(old, "patched", "after L2 #2", acceptance_length=None, num_drafts=0)
+    r = row(compare(old, new), "patched", "after L2 #2")
+    assert r.regression and r.al_delta is None and "no drafts" in r.reason
+
+
+def test_improvement_is_not_a_regression() -> None:
+    old = base()
+    slow = set_stage(old, "baseline", "after L2 #1", tok_s=[15.5, 15.25, 15.75, 15.1, 15.6], tok_s_median=15.5)
+    fast = set_stage(old, "baseline", "after L2 #1", acceptance_length=4.0, tok_s=STEADY, tok_s_median=40.5)
+    c = compare(slow, fast)
+    r = row(c, "baseline", "after L2 #1")
+    assert not r.regression and r.reason == ""
+    assert r.al_delta == pytest.approx(3.0)
+    assert r.call == "gain"
+    assert r.toks_ratio.value == pytest.approx(40.5 / 15.5)
+
+
+def test_clear_toks_drop_is_a_regression() -> None:
+    old = set_stage(base(), "patched", "fresh", tok_s=STEADY, tok_s_median=40.5)
+    new = set_stage(old, "patched", "fresh", tok_s=[30.0, 30.5, 29.75, 30.25, 30.1], tok_s_median=30.1)
+    r = row(compare(old, new, max_toks_drop=0.10), "patched", "fresh")
+    assert r.call == "drop" and r.regression
+    assert r.toks_ratio.ci_high is not None and r.toks_ratio.ci_high < 0.9
+    assert "tok/s" in r.reason
+
+
+def test_noisy_toks_is_inconclusive_and_never_a_regression() -> None:
+    old = set_stage(base(), "patched", "fresh", tok_s=STEADY, tok_s_median=40.5)
+    noisy = [20.0, 45.0, 30.0, 41.0, 25.0]
+    new = set_stage(old, "patched", "fresh", tok_s=noisy, tok_s_median=30.0)
+    c = compare(old, new)
+    r = row(c, "patched", "fresh")
+    assert r.toks_ratio.value == pytest.approx(30.0 / 40.5)  # point value alone would look like a drop
+    assert r.call == "inconclusive" and not r.regression and c.regressions == []
+
+
+def test_outcome_from_matched_to_not_matched_is_a_regression() -> None:
+    old = base()
+    patched = old.variants[1]
+    broke = replace(patched, outcome="collapse", matched=False)
+    new = replace(old, verdict="fail", variants=[old.variants[0], broke])
+    c = compare(old, new)
+    r = row(c, "patched", OUTCOME_STAGE)
+    assert r.regression and r.call == "changed"
+    assert "recover (matched) → collapse (expected recover)" in r.reason
+    assert compare(new, old).regressions == []  # the fix direction is not a regression
+
+
+def test_different_scenario_sha_is_refused_unless_forced() -> None:
+    old = base()
+    new = replace(old, scenario=dict(old.scenario, sha256="f" * 64))
+    with pytest.raises(InputError) as info:
+        compare(old, new)
+    message = str(info.value)
+    assert old.scenario["sha256"] in message and "f" * 64 in message and "--force" in message
+    forced = compare(old, new, force=True)
+    assert len(forced.rows) == sum(len(v.stages) for v in old.variants)
+    unknown = replace(old, scenario=dict(old.scenario, sha256=None))
+    with pytest.raises(InputError, match="unknown"):
+        compare(unknown, unknown)
+
+
+def test_missing_variants_and_stages_are_listed() -> None:
+    old = base()
+    baseline, patched = old.variants
+    shorter = replace(patched, stages=patched.stages[:2])
+    extra = replace(baseline, name="patched-v2")
+    new = replace(old, variants=[shorter, extra])
+    c = compare(old, new)
+    assert c.only_old == ["tiny-cpu / baseline", "tiny-cpu / patched / after L2 #2"]
+    assert c.only_new == ["tiny-cpu / patched-v2"]
+    assert {(r.variant, r.stage) for r in c.rows} == {("patched", "fresh"), ("patched", "after L2 #1")}
+
+
+def test_markdown_lists_rows_regressions_and_missing_keys() -> None:
+    old = base()
+    new = set_stage(old, "patched", "after L2 #1", acceptance_length=3.5)
+    new = replace(new, variants=new.variants[1:])
+    text = render_comparison_markdown(compare(old, new))
+    lines = text.splitlines()
+    assert lines[0] == "**specwake compare: 1 regression**"
+    table = [line for line in lines if line.startswith("| patched |")]
+    assert len(table) == 3
+    assert "| patched | after L2 #1 | 4.00 → 3.50 | -0.50 |" in text
+    assert "- tiny-cpu / patched / after L2 #1: AL 4.00 → 3.50" in text
+    assert "Only in old: tiny-cpu / baseline" in text
+    clean = render_comparison_markdown(compare(old, old))
+    assert clean.startswith("**specwake compare: no regressions**")
+
+
+# ------------------------------------------------------------ paths
+
+
+def make_run(root: Path, name: str) -> Path:
+    run = root / name
+    (run / "logs").mkdir(parents=True)
+    shutil.copy(SAMPLE, run / "result.json")
+    return run
+
+
+def test_resolve_file_run_folder_and_latest_run(tmp_path: Path) -> None:
+    early = make_run(tmp_path, "20250601-120000-tiny-cpu")
+    late = make_run(tmp_path, "20250602-080000-tiny-cpu")
+    make_run(tmp_path, "20250601-235959-tiny-cpu")
+    (tmp_path / "README.md").write_text("not a run")
+    (tmp_path / "20990101-000000-empty").mkdir()  # no result.json: not a run
+    assert resolve_result_path(early / "result.json") == early / "result.json"
+    assert resolve_result_path(early) == early / "result.json"
+    assert resolve_result_path(tmp_path) == late / "result.json"
+    assert load_result(resolve_result_path(tmp_path)).scenario["name"] == "tiny-cpu"
+
+
+def test_resolve_same_second_prefers_the_later_suffix(tmp_path: Path) -> None:
+    for name in ("20250601-120000-x", "20250601-120000-x-2", "20250601-120000-x-10"):
+        make_run(tmp_path, name)
+    assert resolve_result_path(tmp_path).parent.name == "20250601-120000-x-10"
+
+
+def test_resolve_errors_name_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(InputError, match=str(missing)):
+        resolve_result_path(missing)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="no run folder"):
+        resolve_result_path(empty)

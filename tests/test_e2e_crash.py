@@ -1,0 +1,117 @@
+"""End to end on real vLLM CPU: a patched vLLM whose reload_weights raises must be reported as a crash.
+
+Runs `specwake run tests/data/crash-cpu.toml` through the CLI once per module: the baseline is still
+measured (it collapses), the patched variant's reload_weights step fails (outcome crash, class
+step_failed) and both expectations are met. Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM
+is unset.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIO = "tests/data/crash-cpu.toml"
+REQUIRE = os.environ.get("SPECWAKE_REQUIRE_VLLM") == "1"
+
+if importlib.util.find_spec("vllm") is None:
+    if REQUIRE:
+        raise RuntimeError("SPECWAKE_REQUIRE_VLLM=1 but vLLM is not importable: the real-engine tests must run")
+    pytest.skip(
+        "vLLM is not installed (set SPECWAKE_REQUIRE_VLLM=1 to make this a failure)",
+        allow_module_level=True,
+    )
+
+pytestmark = pytest.mark.vllm
+
+
+def live_processes_with_env(name: str, value: str) -> list[tuple[int, str]]:
+    """(pid, name) of live, non-zombie processes whose environment holds NAME=VALUE."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes():
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2] != "Z":
+            found.append((int(entry.name), stat[stat.find("(") + 1 : stat.rfind(")")]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("crash-results")
+    mark_name, mark_value = "VLLM_SPECWAKE_TEST_MARK", uuid.uuid4().hex  # VLLM_* reaches the servers
+    env = {**os.environ, mark_name: mark_value}
+    proc = subprocess.run(
+        [sys.executable, "-m", "specwake.cli", "run", SCENARIO, "--output", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    leftovers = live_processes_with_env(mark_name, mark_value)
+    runs = sorted(out.iterdir())
+    assert len(runs) == 1, f"expected one run folder, got {runs}\nstderr:\n{proc.stderr[-4000:]}"
+    result_path = runs[0] / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    return {"proc": proc, "dir": runs[0], "result": result, "leftovers": leftovers}
+
+
+def variant(run: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(v for v in run["result"]["variants"] if v["name"] == name)
+
+
+def test_exit_zero_both_expectations_met(run: dict[str, Any]) -> None:
+    proc = run["proc"]
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
+    assert run["result"]["verdict"] == "pass" and run["result"]["complete"] is True
+    assert all(v["matched"] for v in run["result"]["variants"])
+
+
+def test_no_server_process_left(run: dict[str, Any]) -> None:
+    assert run["leftovers"] == []
+
+
+def test_patched_crashes_in_reload_weights(run: dict[str, Any]) -> None:
+    patched = variant(run, "patched")
+    assert patched["outcome"] == "crash" and patched["expected"] == "crash"
+    assert patched["crash_class"] == "step_failed"
+    assert "reload_weights failed on purpose" in patched["error"]
+    assert patched["overlay"] and patched["vllm_file"].startswith(patched["overlay"] + "/")
+    failed = [s for s in patched["steps"] if not s["ok"]]
+    assert [s["name"] for s in failed] == ["reload_weights"]
+    assert failed[0]["status"] == 500
+    assert [s["name"] for s in patched["stages"]] == ["fresh"]  # measured before the cycle, none after
+    log = Path(patched["log_path"]).read_text(errors="replace")
+    assert "reload_weights failed on purpose" in log  # the worker's traceback reached the server log
+
+
+def test_baseline_still_measured_and_collapses(run: dict[str, Any]) -> None:
+    base = variant(run, "baseline")
+    assert base["outcome"] == "collapse" and base["crash_class"] is None and base["error"] is None
+    assert [s["name"] for s in base["stages"]] == ["fresh", "after L2 #1"]
+    fresh, after = base["stages"]
+    assert fresh["acceptance_length"] >= 3.9
+    assert after["num_drafts"] > 0 and after["acceptance_length"] <= 1.05
+    assert all(s["ok"] for s in base["steps"])
+
+
+def test_report_names_the_crash(run: dict[str, Any]) -> None:
+    report = (run["dir"] / "report.md").read_text()
+    assert "crash" in report and "collapse" in report
