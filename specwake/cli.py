@@ -5,7 +5,6 @@ No logic lives here; see runner.py for what `run` does and DESIGN.md for exit co
 
 from __future__ import annotations
 
-import datetime as dt
 import signal
 import sys
 from pathlib import Path
@@ -16,12 +15,11 @@ import typer
 from specwake import __version__
 from specwake.console import Ui
 from specwake.errors import EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, Interrupted, SpecwakeError
+from specwake.prepare import describe, plan_variant, prepare
 from specwake.report import load_result, render_markdown
-from specwake.prepare import describe, plan_variant, prepare, require_runnable
-from specwake.runner import make_run_dir, run_scenario
 from specwake.scenario import Overrides, load_scenario
+from specwake.session import RunRequest, execute
 from specwake.tinymodel import BUILTIN_MODELS, cache_dir, ensure_builtin_model
-from specwake.verdict import exit_code
 
 app = typer.Typer(
     add_completion=False,
@@ -45,16 +43,26 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def run(
     scenarios: Annotated[list[Path], typer.Argument(help="Scenario TOML files.", show_default=False)],
     cycles: Annotated[
-        int | None,
-        typer.Option(min=1, help="Sleep/wake cycles per variant (overrides cycle.count)."),
+        int | None, typer.Option(min=1, help="Sleep/wake cycles per variant (overrides cycle.count).")
     ] = None,
     tp: Annotated[
-        int | None,
-        typer.Option(min=1, help="Tensor parallel size (overrides server.tensor_parallel_size)."),
+        int | None, typer.Option(min=1, help="Tensor parallel size (overrides server.tensor_parallel_size).")
     ] = None,
     variant: Annotated[list[str] | None, typer.Option("--variant", help="Run only this variant (repeatable).")] = None,
     patch: Annotated[Path | None, typer.Option(help="Diff for the `patched` variant (overrides its patch).")] = None,
     output: Annotated[Path, typer.Option(help="Results folder; each run gets a new sub-folder.")] = Path("results"),
+    gpus: Annotated[
+        str | None, typer.Option(help="GPUs to pack servers onto, e.g. 0-7 or 0,1,4,5 (default: all visible).")
+    ] = None,
+    interleave: Annotated[
+        bool, typer.Option(help="CPU: both variants' servers up at once, stages alternated A/B.")
+    ] = False,
+    junit: Annotated[
+        Path | None, typer.Option(help="Also write JUnit XML here (one test case per scenario × variant).")
+    ] = None,
+    resume: Annotated[
+        Path | None, typer.Option(help="Finish an interrupted run folder: re-run only incomplete variants.")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
     """Run scenarios: baseline and patched servers, L2 cycles, AL and tok/s before and after, verdict."""
@@ -62,26 +70,29 @@ def run(
     if patch is not None and not patch.is_file():
         ui.error(f"--patch: file not found: {patch}")
         raise typer.Exit(EXIT_INPUT)
-    overrides = Overrides(cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    request = RunRequest(
+        scenarios=scenarios,
+        overrides=Overrides(cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch),
+        output=output,
+        cache=cache_dir(),
+        interleave=interleave,
+        gpus=gpus,
+        junit=junit,
+        resume=resume,
+    )
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        loaded = [load_scenario(path, overrides) for path in scenarios]
-        prepared = [prepare(s, cache_dir(), ui.event) for s in loaded]
-        for variants in prepared:
-            require_runnable(variants)
-        results = []
-        for scenario, variants in zip(loaded, prepared, strict=True):
-            run_dir = make_run_dir(output, scenario.name, dt.datetime.now(dt.timezone.utc))
-            ui.event(f"{scenario.name}: results in {run_dir}")
-            results.append(run_scenario(scenario, variants, run_dir, ui.event))
-            ui.note(f"{scenario.name}: {results[-1].verdict.upper()} — {run_dir / 'report.md'}")
+        outcome = execute(request, ui.event)
     except SpecwakeError as exc:
         _fail(ui, exc)
     except KeyboardInterrupt:
         ui.error("interrupted: servers stopped, results measured so far are saved")
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    ui.report(render_markdown(results))
-    raise typer.Exit(exit_code([r.verdict for r in results]))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    ui.report(outcome.markdown)
+    ui.note(f"results: {outcome.run_root}")
+    raise typer.Exit(outcome.exit_code)
 
 
 @app.command()
@@ -113,7 +124,10 @@ def check(
     if problems and not no_gpu_check:
         ui.error(f"{len(problems)} variant(s) cannot run on this machine (see NOT RUNNABLE HERE above)")
         raise typer.Exit(EXIT_INFRA)
-    ui.note(f"ok: {len(scenarios)} scenario(s) checked" + (f", {len(problems)} not runnable here (reported)" if problems else ""))
+    ui.note(
+        f"ok: {len(scenarios)} scenario(s) checked"
+        + (f", {len(problems)} not runnable here (reported)" if problems else "")
+    )
 
 
 @app.command()

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
@@ -59,7 +60,7 @@ class VllmClient:
         path: str,
         *,
         timeout: float,
-        params: dict[str, Any] | list[tuple[str, str]] | None = None,
+        params: list[tuple[str, str]] | None = None,
         json: Any = None,
     ) -> Answer:
         """One call; a deadline or a broken connection raises, any HTTP status is returned."""
@@ -69,7 +70,8 @@ class VllmClient:
         for attempt in range(1, attempts + 1):
             start = self.clock()
             try:
-                response = self.http.request(method, path, params=params, json=json, timeout=timeout)
+                query = httpx.QueryParams(urlencode(params)) if params else None
+                response = self.http.request(method, path, params=query, json=json, timeout=timeout)
             except httpx.TimeoutException:
                 raise RequestTimeout(f"{method} {url}: no answer within {timeout:g} s") from None
             except httpx.TransportError as exc:

@@ -76,7 +76,7 @@ def resolve_python(python: str | None) -> str:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probe_engine(python: str, timeout_s: float = 180.0) -> EngineInfo:
     """Import vLLM in `python` and describe it (once per interpreter). Raises EngineMissing when that fails."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -84,7 +84,11 @@ def prepare(
                 events(f"{variant.name}: patch file outside vllm/ skipped: {skipped}")
         model = resolve_model_ref(scenario.server.model, python)
         draft_ref = scenario.speculative.get("model")
-        draft = resolve_model_ref(draft_ref, python) if isinstance(draft_ref, str) and draft_ref.startswith("builtin:") else None
+        draft = (
+            resolve_model_ref(draft_ref, python)
+            if isinstance(draft_ref, str) and draft_ref.startswith("builtin:")
+            else None
+        )
         problem = platform_problem(scenario, engine, gpus)
         discard = scenario.cycle.discard if problem else resolve_discard(scenario, engine.sleep_mode, engine.platform)
         prepared.append(PreparedVariant(variant, engine, overlay, patch_sha, model, draft, discard, problem))
@@ -134,11 +138,14 @@ def describe(scenario: Scenario, prepared: Sequence[PreparedVariant], plans: Seq
         lines.append(f"    vLLM: {dists} at {engine.package_dir}  platform {engine.platform}")
         if prep.overlay is not None:
             state = "reused" if prep.overlay.reused else "built"
-            lines.append(f"    overlay: {prep.overlay.root} ({state}); patched: {', '.join(prep.overlay.patched_files)}")
+            lines.append(
+                f"    overlay: {prep.overlay.root} ({state}); patched: {', '.join(prep.overlay.patched_files)}"
+            )
             if prep.overlay.skipped_files:
                 lines.append(f"    skipped (outside vllm/): {', '.join(prep.overlay.skipped_files)}")
         lines.append(f"    L2 discard: {prep.l2_discard}")
-        lines.append(f"    gpus: {','.join(map(str, plan.gpus)) if plan.gpus else ('none (CPU)' if not engine.is_gpu else 'all visible')}")
+        where = ",".join(map(str, plan.gpus)) if plan.gpus else ("all visible" if engine.is_gpu else "none (CPU)")
+        lines.append(f"    gpus: {where}")
         lines.append("    argv: " + " ".join(_quote(a) for a in plan.argv))
         for key, value in sorted(redact_env(plan.env_added).items()):
             lines.append(f"    env: {key}={value}")

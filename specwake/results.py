@@ -73,6 +73,9 @@ class VariantResult:
     steps: list[StepResult] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    # Per probe point ("after fresh", "after discard", "after reload_weights", ...): per-rank worker answers
+    # {"cycle", "point", "fingerprints": [...], "memory": [...]}; see specwake.diagnose.
+    diagnostics: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ RESERVED_FLAGS = {
     "--enable-sleep-mode": "specwake enables sleep mode where the platform supports it",
 }
 
+# Numeric keys of [expect] besides the per-variant expectations: allowed range [low, high).
+EXPECT_NUMBERS = {"tolerance": (0.0, 1.0), "min_speedup_recovery": (0.0, 1.5)}
+
 BUILTIN_PROMPTS = {
     "mixed": (
         "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -151,12 +154,13 @@ class ScenarioFile(_Strict):
     @model_validator(mode="after")
     def _expectations(self) -> ScenarioFile:
         for key, value in self.expect.items():
-            if key == "tolerance":
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-                    raise ValueError("expect.tolerance: must be a number in [0, 1)")
+            if key in EXPECT_NUMBERS:
+                low, high = EXPECT_NUMBERS[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
+                    raise ValueError(f"expect.{key}: must be a number in [{low:g}, {high:g})")
                 continue
             if key not in self.variants:
-                hint = _did_you_mean(key, [*self.variants, "tolerance"])
+                hint = _did_you_mean(key, [*self.variants, *EXPECT_NUMBERS])
                 raise ValueError(f"expect.{key}: no variant named {key!r}{hint}")
             if value not in ("recover", "collapse", "crash", "any"):
                 raise ValueError(f"expect.{key}: must be one of recover, collapse, crash, any (got {value!r})")
@@ -183,6 +187,7 @@ class Scenario:
     prompts: tuple[str, ...]
     variants: tuple[Variant, ...]
     tolerance: float
+    min_speedup_recovery: float = 0.9
 
     @property
     def server(self) -> ServerSection:
@@ -208,7 +213,10 @@ class Scenario:
             v.name: {"patch": str(v.patch) if v.patch else None, "python": v.python, "env": v.env}
             for v in self.variants
         }
-        data["expect"] = {v.name: v.expected for v in self.variants} | {"tolerance": self.tolerance}
+        data["expect"] = {v.name: v.expected for v in self.variants} | {
+            "tolerance": self.tolerance,
+            "min_speedup_recovery": self.min_speedup_recovery,
+        }
         return json.loads(json.dumps(data))
 
 
@@ -247,7 +255,7 @@ def _error_from_validation(file: str, exc: ValidationError, doc_keys: dict[str, 
 
 def _allowed_keys(parent: list[str]) -> list[str]:
     model: type[BaseModel] = ScenarioFile
-    sections = {"server": ServerSection, "workload": WorkloadSection, "cycle": CycleSection}
+    sections: dict[str, type[BaseModel]] = {"server": ServerSection, "workload": WorkloadSection, "cycle": CycleSection}
     if parent and parent[0] in sections:
         model = sections[parent[0]]
     elif parent and parent[0] == "variants":
@@ -348,6 +356,7 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
         resolved.append(Variant(name, patch, python, dict(section.env), expected))
 
     tolerance = float(doc.expect.get("tolerance", 0.05))
+    min_speedup = float(doc.expect.get("min_speedup_recovery", 0.9))
     return Scenario(
         name=doc.name or file.stem,
         file=file.resolve(),
@@ -356,6 +365,7 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
         prompts=_load_prompts(file, doc.workload.prompts),
         variants=tuple(resolved),
         tolerance=tolerance,
+        min_speedup_recovery=min_speedup,
     )
 
 

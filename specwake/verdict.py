@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
 from specwake.results import StageResult, VariantResult
+from specwake.stats import speed_recovered
 
 OUTCOMES = ("recover", "collapse", "crash", "degraded", "error")
 EXPECTATIONS = ("recover", "collapse", "crash", "any")
@@ -56,11 +57,14 @@ def decide_outcome(
     never_ready: bool,
     tolerance: float,
     collapse_al: float = COLLAPSE_AL,
+    min_speedup: float | None = None,
 ) -> str:
     """The outcome of one variant (DESIGN.md "Outcome"); the first rule that applies wins.
 
     error (never ready) → crash (died after startup, whatever it measured before) → collapse →
     recover → degraded (including no drafts at all, no fresh stage, no post-cycle stage).
+    With `min_speedup`, `recover` also needs every post-cycle stage's tok/s to keep that share of fresh:
+    a stage whose after/fresh interval lies wholly below it is not recovered; an inconclusive one is.
     """
     _check_tolerance(tolerance)
     if never_ready:
@@ -76,7 +80,10 @@ def decide_outcome(
         bound = _recovery_bound(fresh_al, tolerance)
         post_als = [s.acceptance_length for s in post]
         if all(al is not None and _at_least(al, bound) for al in post_als):
-            return "recover"
+            if min_speedup is None or fresh is None:
+                return "recover"
+            if all(speed_recovered(fresh.tok_s, s.tok_s, min_speedup) != "no" for s in post):
+                return "recover"
     return "degraded"
 
 

@@ -157,6 +157,14 @@ class SpecwakeWorkerExtension:
             "draft": fingerprint(models["draft"], exclude=target_ptrs),
         }
 
+    def specwake_memory(self) -> dict[str, Any]:
+        """Free/total accelerator memory of this rank in bytes; None on CPU (no device memory to report)."""
+        device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        if device is None:
+            return {"device": "cpu", "free_bytes": None, "total_bytes": None}
+        free, total = torch.cuda.mem_get_info(device)
+        return {"device": f"cuda:{device}", "free_bytes": int(free), "total_bytes": int(total)}
+
     @torch.no_grad()
     def specwake_emulate_discard(self) -> dict[str, Any]:
         """Zero every parameter of target and drafter (shared storage once), like L2 sleep."""

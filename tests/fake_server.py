@@ -21,6 +21,11 @@ Modes:
   crash-on-reload  on collective_rpc reload_weights print "CUDA error: an illegal memory access
                    was encountered" to stderr and die (os._exit(1))
   hang-on-request  completions hang forever once the weights have been discarded (fresh ones answer)
+  engine-dead-after-discard
+                   the first completion after the discard prints vLLM-like engine-death lines (a worker
+                   killed, EngineDeadError) to stderr and answers 500; from then on every completion
+                   answers 500 and GET /health 503, the process stays up (like VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)
+  oom-on-wake      POST /wake_up?tags=kv_cache prints a torch.OutOfMemoryError line to stderr, answers 500
 Other faults: --spawn-child (a child process in the same group, like EngineCore),
 --ignore-sigterm (server and child ignore SIGTERM), --child-ignore-sigterm (only the child does).
 """
@@ -40,7 +45,17 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-MODES = ("ready", "never-ready", "slow-start", "exit-early", "crash-on-reload", "hang-on-request")
+MODES = (
+    "ready",
+    "never-ready",
+    "slow-start",
+    "exit-early",
+    "crash-on-reload",
+    "hang-on-request",
+    "engine-dead-after-discard",
+    "oom-on-wake",
+)
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 TAGS = ("weights", "kv_cache")
 
 
@@ -54,6 +69,7 @@ class State:
         self.discarded = False  # weights were discarded at least once
         self.target_zeroed = False  # discarded and not reloaded since
         self.requests = 0
+        self.engine_dead = False
         self.created = time.time()
         zero = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generation": 0}
         self.counters = [dict(zero) for _ in range(args.engines)]
@@ -169,7 +185,7 @@ class Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         state = self.state
         if path == "/health":
-            self.reply(503 if state.args.mode == "never-ready" else 200)
+            self.reply(503 if state.args.mode == "never-ready" or state.engine_dead else 200)
         elif path == "/v1/models":
             self.reply(
                 200,
@@ -201,6 +217,15 @@ class Handler(BaseHTTPRequestHandler):
                     state.discarded = state.target_zeroed = True
             self.reply(200, {"status": "sleeping", "level": level})
         elif url.path == "/wake_up":
+            if state.args.mode == "oom-on-wake" and "kv_cache" in query.get("tags", TAGS):
+                print(
+                    "(EngineCore pid=1) ERROR [core.py:1750] torch.OutOfMemoryError: CUDA out of memory. "
+                    "Tried to allocate 9.87 GiB.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.reply(500, {"error": {"message": "CUDA out of memory. Tried to allocate 9.87 GiB."}})
+                return
             with state.lock:
                 state.asleep -= set(query.get("tags", TAGS))
             self.reply(200)
@@ -229,6 +254,20 @@ class Handler(BaseHTTPRequestHandler):
                 self.reply(503, {"error": {"message": "engine is sleeping"}})
                 return
             hang = state.args.mode == "hang-on-request" and state.discarded
+            if state.args.mode == "engine-dead-after-discard" and state.discarded and not state.engine_dead:
+                state.engine_dead = True
+                print(
+                    "(EngineCore pid=1) ERROR [multiproc_executor.py:316] Worker proc VllmWorker-0 died "
+                    "unexpectedly (exit code: -9), shutting down executor.\n"
+                    f"(APIServer pid={os.getpid()}) ERROR [serving.py:1173] "
+                    f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD_MESSAGE}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            dead = state.engine_dead
+        if dead:
+            self.reply(500, {"error": {"message": ENGINE_DEAD_MESSAGE, "type": "EngineDeadError", "code": 500}})
+            return
         while hang:
             time.sleep(3600)
         tokens = int(req.get("max_tokens") or 16)

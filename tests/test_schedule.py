@@ -216,6 +216,17 @@ def test_plan_cpu_mode_is_sequential_with_no_gpus() -> None:
     assert makespan(plan) == pytest.approx(9.0) == pytest.approx(lower_bound(jobs, 0))
 
 
+def test_plan_handles_zero_length_jobs() -> None:
+    jobs = [Job("empty-a", 2, 0.0), Job("empty-b", 2, 0.0), Job("real", 2, 5.0), Job("small", 1, 0.0)]
+    plan = plan_schedule(jobs, [0, 1])
+    assert sorted(a.job.key for a in plan) == sorted(j.key for j in jobs)
+    assert makespan(plan) == 5.0
+    for a in plan:
+        for b in plan:
+            if a is not b and overlaps(a, b):
+                assert not set(a.gpus) & set(b.gpus)
+
+
 def test_makespan_lower_bound_and_utilisation_arithmetic() -> None:
     jobs = [Job("a", 2, 10.0), Job("b", 1, 4.0)]
     assert lower_bound(jobs, 4) == 10.0  # longest job dominates 24/4
@@ -232,7 +243,7 @@ def random_case(rng: random.Random) -> tuple[list[Job], list[int]]:
     gpus = sorted(rng.sample(range(12), n_gpus))  # sometimes non-contiguous ids
     sizes = [s for s in (1, 2, 3, 4, 8) if s <= n_gpus]
     jobs = [
-        Job(f"s{i}/{rng.choice(['baseline', 'patched'])}", rng.choice(sizes), rng.choice([0.0, 1.0, 2.5, 300.0, 900.0]))
+        Job(f"s{i}/{rng.choice(['baseline', 'patched'])}", rng.choice(sizes), rng.choice([0.5, 1.0, 2.5, 300.0, 900.0]))
         for i in range(rng.randint(1, 18))
     ]
     return jobs, gpus
@@ -316,7 +327,7 @@ def test_run_packed_waits_for_running_jobs_when_the_caller_side_fails() -> None:
         if message.startswith("start b"):
             raise OSError("event sink broke")
 
-    jobs = [Job("a", 1), Job("b", 1), Job("c", 2)]
+    jobs = [Job("a", 1), Job("b", 1), Job("c", 1)]  # a and b start together on [0, 1], c waits
     with pytest.raises(OSError, match="event sink broke"):
         run_packed(jobs, [0, 1], run, on_event=on_event, cancel=cancel)
     assert cancel.is_set()
@@ -387,7 +398,7 @@ def test_run_packed_real_servers_share_no_gpu_and_survive_a_crash(tmp_path: Path
         Job("one-b/baseline", 1),
     ]
     fleet = FakeFleet(tmp_path, modes={"one-bad/patched": "exit-early"})
-    pair = threading.Barrier(2, timeout=30)
+    pair = threading.Barrier(2, timeout=20)  # breaks (the job fails) if run one after the other
     fleet.barriers = {"pair-a/baseline": pair, "pair-b/patched": pair}
     events: list[str] = []
     results = run_packed(jobs, [0, 1, 2, 3], fleet, on_event=events.append)

@@ -1,0 +1,166 @@
+"""A whole `specwake run`: validate everything, prepare, refuse what cannot run here, run the scenarios
+(one after another on CPU, packed onto disjoint GPU sets on GPU machines), then the combined outputs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from specwake.errors import InputError, ResultsUnwritable
+from specwake.junit import write_junit
+from specwake.prepare import PreparedVariant, prepare, require_runnable
+from specwake.report import REPORT_FILE, RESULT_FILE, load_result, render_markdown
+from specwake.results import ScenarioResult, VariantResult
+from specwake.runner import check_writable, make_run_dir, run_packed_scenarios, run_scenario
+from specwake.scenario import Overrides, Scenario, load_scenario
+from specwake.schedule import parse_gpu_list
+from specwake.verdict import INCOMPLETE, exit_code
+
+Events = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    scenarios: Sequence[Path]
+    overrides: Overrides
+    output: Path
+    cache: Path
+    interleave: bool = False
+    gpus: str | None = None
+    junit: Path | None = None
+    resume: Path | None = None
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    results: list[ScenarioResult]
+    run_root: Path
+    markdown: str
+    exit_code: int
+
+
+def _parse_gpus(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return parse_gpu_list(text)
+    except ValueError as exc:
+        raise InputError(f"--gpus: {exc}") from None
+
+
+def _previous(resume: Path, scenarios: Sequence[Scenario]) -> dict[str, ScenarioResult]:
+    """Results of an interrupted run folder, by scenario name; the scenario files must be unchanged."""
+    if not resume.is_dir():
+        raise InputError(f"--resume: not a run folder: {resume}")
+    found: dict[str, ScenarioResult] = {}
+    single = resume / RESULT_FILE
+    candidates = [single] if single.is_file() else sorted(resume.glob(f"*/{RESULT_FILE}"))
+    for path in candidates:
+        result = load_result(path)
+        found[str(result.scenario.get("name"))] = result
+    for scenario in scenarios:
+        old = found.get(scenario.name)
+        if old is not None and old.scenario.get("sha256") != scenario.sha256:
+            raise InputError(f"--resume: {scenario.file} changed since {resume} was run (scenario sha256 differs)")
+    if not found:
+        raise InputError(f"--resume: no {RESULT_FILE} in {resume}")
+    return found
+
+
+def _kept(previous: ScenarioResult | None) -> list[VariantResult]:
+    if previous is None:
+        return []
+    return [v for v in previous.variants if v.outcome != INCOMPLETE]
+
+
+def _run_dirs(request: RunRequest, scenarios: Sequence[Scenario]) -> tuple[Path, list[Path]]:
+    now = dt.datetime.now(dt.timezone.utc)
+    if request.resume is not None:
+        root = request.resume
+        dirs = [root] if len(scenarios) == 1 else [root / s.name for s in scenarios]
+    elif len(scenarios) == 1:
+        root = make_run_dir(request.output, scenarios[0].name, now)
+        dirs = [root]
+    else:
+        root = make_run_dir(request.output, f"{len(scenarios)}-scenarios", now)
+        dirs = [root / s.name for s in scenarios]
+    try:
+        for folder in dirs:
+            (folder / "logs").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ResultsUnwritable(f"results folder not writable: {exc.filename}: {exc.strerror}") from None
+    return root, dirs
+
+
+def execute(request: RunRequest, events: Events) -> RunOutcome:
+    """Everything `specwake run` does; raises SpecwakeError subclasses for input (2) and infrastructure (3)."""
+    gpus = _parse_gpus(request.gpus)
+    scenarios = [load_scenario(path, request.overrides) for path in request.scenarios]
+    names = [s.name for s in scenarios]
+    if len(set(names)) != len(names):
+        raise InputError(f"two scenarios share a name ({', '.join(sorted({n for n in names if names.count(n) > 1}))})")
+    previous = _previous(request.resume, scenarios) if request.resume is not None else {}
+    check_writable(request.resume or request.output)
+    prepared: list[list[PreparedVariant]] = []
+    for scenario in scenarios:
+        kept = {v.name for v in _kept(previous.get(scenario.name))}
+        variants = [p for p in prepare(scenario, request.cache, events, gpus=gpus) if p.variant.name not in kept]
+        require_runnable(variants)
+        prepared.append(variants)
+    on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
+    root, dirs = _run_dirs(request, scenarios)
+    events(f"results in {root}")
+    if on_gpu:
+        inventory = gpus if gpus is not None else _visible_gpus(prepared)
+        work = [
+            (s, p, d, _kept(previous.get(s.name)), _started(previous.get(s.name)))
+            for s, p, d in zip(scenarios, prepared, dirs, strict=True)
+        ]
+        results = run_packed_scenarios(work, inventory, events)
+    else:
+        results = []
+        for scenario, variants, folder in zip(scenarios, prepared, dirs, strict=True):
+            old = previous.get(scenario.name)
+            results.append(
+                run_scenario(
+                    scenario,
+                    variants,
+                    folder,
+                    events,
+                    interleave=request.interleave,
+                    kept=_kept(old),
+                    started_at=_started(old),
+                )  # fmt: skip
+            )
+    markdown = render_markdown(results)
+    if len(scenarios) > 1:
+        (root / REPORT_FILE).write_text(markdown)
+    if request.junit is not None:
+        write_junit(request.junit, results)
+    _append_step_summary(markdown)
+    return RunOutcome(results, root, markdown, exit_code([r.verdict for r in results]))
+
+
+def _started(previous: ScenarioResult | None) -> str | None:
+    return previous.started_at if previous is not None else None
+
+
+def _visible_gpus(prepared: Sequence[Sequence[PreparedVariant]]) -> tuple[int, ...]:
+    count = max((p.engine.device_count for variants in prepared for p in variants), default=0)
+    return tuple(range(count))
+
+
+def _append_step_summary(markdown: str) -> None:
+    """In GitHub Actions, add the report to the job's summary page."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return
+    try:
+        with open(target, "a", encoding="utf-8") as handle:
+            handle.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    except OSError as exc:
+        raise ResultsUnwritable(f"GITHUB_STEP_SUMMARY not writable: {target}: {exc.strerror}") from None

@@ -1,0 +1,281 @@
+"""One variant's server session, driven phase by phase: open (start + verify), phase 0 = fresh stage,
+phase k = L2 cycle k + its stage, close. Variants can so run one after another or interleaved.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from specwake import diagnose
+from specwake.client import VllmClient
+from specwake.crashes import classify
+from specwake.cycle import run_cycle
+from specwake.errors import RequestFailed, ServerFault, StartupFailed
+from specwake.measure import Workload, run_stage, stage_name
+from specwake.plan import redact_env
+from specwake.prepare import PreparedVariant, plan_variant
+from specwake.results import StageResult, StepResult, VariantResult
+from specwake.scenario import Scenario
+from specwake.server import Server, ServerSpec, describe_exit, free_port
+from specwake.verdict import INCOMPLETE, decide_outcome, outcome_matches
+
+Events = Callable[[str], None]
+LOG_SCAN_LINES = 400  # log lines handed to crash classification
+LOG_EXCERPT_LINES = 40  # log lines kept in the result
+
+
+def check_imports(prep: PreparedVariant, infos: list[Any]) -> str | None:
+    """A patched variant must import vLLM from its overlay, a baseline must not: else an error text."""
+    for rank, info in enumerate(infos):
+        file = str(info.get("vllm_file", "")) if isinstance(info, dict) else ""
+        if prep.overlay is not None and not file.startswith(str(prep.overlay.root) + os.sep):
+            return f"patched worker {rank} imported vLLM from {file or '?'}, not the overlay {prep.overlay.root}"
+        if prep.overlay is None and "/overlays/" in file:
+            return f"baseline worker {rank} imported vLLM from an overlay: {file}"
+    return None
+
+
+class VariantRun:
+    """Start, measure and stop one variant; every fault becomes part of its result, never an exception.
+
+    KeyboardInterrupt is the exception: it propagates, and the caller's `close()` stops the server.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        prep: PreparedVariant,
+        run_dir: Path,
+        events: Events,
+        *,
+        gpus: tuple[int, ...] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scenario, self.prep, self.events, self.clock = scenario, prep, events, clock
+        self.name = prep.variant.name
+        self.plan = plan_variant(scenario, prep, free_port(), gpus)
+        self.log_path = run_dir / "logs" / f"{self.name}.log"
+        spec = ServerSpec(
+            self.plan.argv, self.plan.env, self.plan.port, self.log_path, scenario.server.startup_timeout_s
+        )
+        self.server = Server(spec)
+        self.client: VllmClient | None = None
+        self.stages: list[StageResult] = []
+        self.steps: list[StepResult] = []
+        self.diagnostics: list[dict[str, Any]] = []
+        self.info: dict[str, Any] = {}
+        self.outcome: str | None = None  # set early only for crash / error
+        self.error: str | None = None
+        self.crash_class: str | None = None
+        self.crash_lines: tuple[str, ...] = ()
+        self.excerpt: str | None = None
+        self.phase = "startup"
+        self.completed_phases = 0
+        self.timings: dict[str, float] = {}
+        self.started = clock()
+
+    @property
+    def phases(self) -> int:
+        return self.scenario.cycle.count + 1
+
+    @property
+    def finished(self) -> bool:
+        """Stopped early by a crash or error: no further phase will run."""
+        return self.outcome is not None
+
+    @property
+    def started_any(self) -> bool:
+        return bool(self.timings) or self.finished
+
+    @property
+    def complete(self) -> bool:
+        return self.finished or self.completed_phases >= self.phases
+
+    def _timed(self, key: str, seconds: float) -> None:
+        self.timings[key] = round(self.timings.get(key, 0.0) + seconds, 3)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Start the server, wait for /health, check it is ours and imports the right vLLM."""
+        self.events(f"{self.name}: starting server on 127.0.0.1:{self.plan.port} (log {self.log_path})")
+        t0 = self.clock()
+        try:
+            self.server.start()
+            self.server.wait_ready()
+        except StartupFailed as exc:
+            self._timed("startup", self.clock() - t0)
+            self.server.stop()
+            evidence = classify(
+                fault_class="startup_failed",
+                log_text=exc.log_tail,
+                phase="startup",
+                server_alive=False,
+                message=str(exc),
+            )
+            self.crash_lines = evidence.lines
+            self._finish("error", str(exc), "startup_failed", exc.log_tail)
+            return
+        self._timed("startup", self.clock() - t0)
+        self.events(f"{self.name}: server ready after {self.clock() - t0:.1f} s")
+        self.client = VllmClient(httpx.Client(base_url=self.server.base_url, trust_env=False))
+        try:
+            self._verify(self.client)
+        except ServerFault as fault:
+            self._crash(fault)
+
+    def _verify(self, client: VllmClient) -> None:
+        served = client.model_ids()
+        if self.prep.model not in served:
+            raise RequestFailed(f"server at {self.server.base_url} serves {served}, not {self.prep.model!r}")
+        infos = client.rpc_results("specwake_info", timeout=self.scenario.cycle.step_timeout_s)
+        self.info = {"workers": infos}
+        problem = check_imports(self.prep, infos)
+        if problem:
+            self._finish("error", problem, "overlay_not_used", self.server.log_tail(20))
+
+    def close(self) -> None:
+        t0 = self.clock()
+        self.server.stop()
+        if self.client is not None:
+            self.client.http.close()
+        self._timed("teardown", self.clock() - t0)
+
+    # -- measurement -------------------------------------------------------------------------------
+
+    def run_phase(self, index: int) -> None:
+        """Phase 0: the fresh stage; phase k: cycle k then its stage. No-op once the variant has finished."""
+        if self.finished or self.client is None:
+            return
+        try:
+            if index == 0:
+                self._stage(self.client, 0)
+                self._diagnose(self.client, 0, "after fresh")
+            else:
+                self._cycle(self.client, index)
+                if not self.finished:
+                    self._stage(self.client, index)
+        except ServerFault as fault:
+            self._crash(fault)
+        self.completed_phases = index + 1
+
+    def _stage(self, client: VllmClient, cycle: int) -> None:
+        w = self.scenario.workload
+        workload = Workload(
+            self.prep.model, self.scenario.prompts, w.max_tokens, w.repeats, w.warmup, w.temperature,
+            w.ignore_eos, w.request_timeout_s,
+        )  # fmt: skip
+        label = stage_name(cycle, self.scenario.cycle.level)
+        self.phase = label
+        self.events(f"{self.name}: stage {label}")
+        fresh = self.stages[0] if cycle > 0 and self.stages else None
+        t0 = self.clock()
+        result = run_stage(client, workload, name=label, cycle=cycle, fresh=fresh)
+        self._timed("measurement", self.clock() - t0)
+        self.stages.append(result)
+        al = "–" if result.acceptance_length is None else f"{result.acceptance_length:.2f}"
+        self.events(f"{self.name}: {label}: AL {al}, {result.tok_s_median or 0:.1f} tok/s (median)")
+
+    def _diagnose(self, client: VllmClient, cycle: int, point: str) -> None:
+        t0 = self.clock()
+        entry = diagnose.take(client, cycle, point, timeout=self.scenario.cycle.step_timeout_s)
+        if entry is not None:
+            self.diagnostics.append(entry)
+        self._timed("diagnostics", self.clock() - t0)
+
+    def _cycle(self, client: VllmClient, k: int) -> None:
+        level = self.scenario.cycle.level
+        self.phase = f"L{level} cycle #{k}"
+        self.events(f"{self.name}: L{level} cycle #{k}")
+        self._diagnose(client, k, "before sleep")
+
+        def after_step(step: StepResult) -> None:
+            self.phase = f"L{level} cycle #{k} {step.name}"
+            self._timed("cycle_steps", step.seconds)
+            if step.ok:
+                self._diagnose(client, k, diagnose.point_after(step.name))
+
+        steps, fault = run_cycle(
+            client,
+            k,
+            level=level,
+            emulate_discard=self.prep.l2_discard == "emulated",
+            step_timeout_s=self.scenario.cycle.step_timeout_s,
+            on_step=after_step,
+        )
+        self.steps.extend(steps)
+        if fault is not None:
+            self._crash(fault)
+
+    # -- outcome -----------------------------------------------------------------------------------
+
+    def _crash(self, fault: ServerFault) -> None:
+        alive = self.server.alive()
+        code = self.server.returncode()
+        message = str(fault) if alive or code is None else f"{fault} (server {describe_exit(code)})"
+        crash = classify(
+            fault_class="server_exited" if not alive else fault.crash_class,
+            log_text=self.server.log_tail(LOG_SCAN_LINES),
+            phase=self.phase,
+            server_alive=alive,
+            message=message,
+        )
+        self.crash_lines = crash.lines
+        self._finish("crash", f"{crash.reason}: {message}", crash.cls, self.server.log_tail(LOG_EXCERPT_LINES))
+
+    def _finish(self, outcome: str, error: str, crash_class: str, excerpt: str | None) -> None:
+        self.outcome, self.error, self.crash_class, self.excerpt = outcome, error, crash_class, excerpt
+        self.events(
+            f"{self.name}: {outcome} ({crash_class}) during {self.phase}: {error.splitlines()[0] if error else ''}"
+        )
+
+    def result(self) -> VariantResult:
+        """The variant's result so far; outcome `incomplete` while phases remain (partial result files)."""
+        if not self.complete:
+            outcome = INCOMPLETE
+        else:
+            outcome = self.outcome or decide_outcome(
+                self.stages,
+                crashed=False,
+                never_ready=False,
+                tolerance=self.scenario.tolerance,
+                min_speedup=self.scenario.min_speedup_recovery,
+            )
+        prep, variant = self.prep, self.prep.variant
+        workers = self.info.get("workers") or []
+        return VariantResult(
+            name=self.name,
+            outcome=outcome,
+            expected=variant.expected,
+            matched=outcome != INCOMPLETE and outcome_matches(outcome, variant.expected),
+            platform=prep.engine.platform,
+            l2_discard=prep.l2_discard,
+            vllm_version=prep.engine.vllm_version,
+            vllm_file=workers[0].get("vllm_file") if workers and isinstance(workers[0], dict) else None,
+            python=prep.engine.python,
+            patch=str(variant.patch) if variant.patch else None,
+            patch_sha256=prep.patch_sha256,
+            overlay=str(prep.overlay.root) if prep.overlay else None,
+            command=self.plan.argv,
+            env=redact_env(self.plan.env_added),
+            error=self.error,
+            crash_class=self.crash_class,
+            log_path=str(self.log_path),
+            log_excerpt=self.excerpt,
+            stages=list(self.stages),
+            steps=list(self.steps),
+            info={
+                **self.info,
+                "gpus": list(self.plan.gpus),
+                "crash_lines": list(self.crash_lines),
+                "timings": self.timings,
+            },
+            seconds=round(self.clock() - self.started, 2),
+            diagnostics=list(self.diagnostics),
+        )
