@@ -13,12 +13,15 @@ from typing import Annotated, NoReturn
 import typer
 
 from specwake import __version__
+from specwake.compare import compare as compare_results
+from specwake.compare import render_comparison_markdown
 from specwake.console import Ui
-from specwake.errors import EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, Interrupted, SpecwakeError
+from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, InputError, Interrupted, SpecwakeError
+from specwake.plot import render_plot
 from specwake.prepare import describe, plan_variant, prepare
-from specwake.report import load_result, render_markdown
+from specwake.report import render_csv, render_json, render_markdown
 from specwake.scenario import Overrides, load_scenario
-from specwake.session import RunRequest, execute
+from specwake.session import RunRequest, execute, load_results
 from specwake.tinymodel import BUILTIN_MODELS, cache_dir, ensure_builtin_model
 
 app = typer.Typer(
@@ -82,7 +85,8 @@ def run(
     )
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        outcome = execute(request, ui.event)
+        with ui:
+            outcome = execute(request, ui.event)
     except SpecwakeError as exc:
         _fail(ui, exc)
     except KeyboardInterrupt:
@@ -132,15 +136,63 @@ def check(
 
 @app.command()
 def report(
-    results: Annotated[list[Path], typer.Argument(help="result.json files or run folders.", show_default=False)],
+    results: Annotated[
+        list[Path], typer.Argument(help="result.json files, run folders or results folders.", show_default=False)
+    ],
+    fmt: Annotated[str, typer.Option("--format", help="md | json | csv")] = "md",
+    plot: Annotated[Path | None, typer.Option(help="Also draw AL and tok/s per stage into this PNG.")] = None,
 ) -> None:
-    """Print the Markdown report of earlier runs (one comment for many runs)."""
+    """Print earlier runs as one report (Markdown for a PR comment, or JSON / CSV)."""
     ui = Ui()
+    renderers = {"md": render_markdown, "json": render_json, "csv": render_csv}
+    if fmt not in renderers:
+        ui.error(f"--format: must be one of md, json, csv (got {fmt!r})")
+        raise typer.Exit(EXIT_INPUT)
     try:
-        loaded = [load_result(path) for path in results]
+        loaded = [result for path in results for result in load_results(path)]
+        if plot is not None:
+            render_plot(loaded, plot)
     except SpecwakeError as exc:
         _fail(ui, exc)
-    ui.report(render_markdown(loaded))
+    ui.report(renderers[fmt](loaded))
+    if plot is not None:
+        ui.note(f"plot: {plot}")
+
+
+@app.command()
+def compare(
+    old: Annotated[
+        Path, typer.Argument(help="Earlier result (file, run folder or results folder).", show_default=False)
+    ],
+    new: Annotated[Path, typer.Argument(help="Later result (file, run folder or results folder).", show_default=False)],
+    max_al_drop: Annotated[float, typer.Option(min=0, max=1, help="Flag AL drops beyond this fraction.")] = 0.05,
+    max_toks_drop: Annotated[
+        float, typer.Option(min=0, max=1, help="Flag tok/s drops whose interval clears it.")
+    ] = 0.10,
+    force: Annotated[bool, typer.Option(help="Compare even when the scenario files differ.")] = False,
+) -> None:
+    """Nightly trend: AL and tok/s per scenario × variant × stage, OLD vs NEW; exit 1 on a regression."""
+    ui = Ui()
+    try:
+        olds = {r.scenario.get("name"): r for r in load_results(old)}
+        news = {r.scenario.get("name"): r for r in load_results(new)}
+        both = [name for name in news if name in olds]
+        if not both:
+            raise InputError(
+                f"{old} and {new} share no scenario (old: {sorted(map(str, olds))}, new: {sorted(map(str, news))})"
+            )
+        comparisons = [
+            compare_results(olds[name], news[name], max_al_drop=max_al_drop, max_toks_drop=max_toks_drop, force=force)
+            for name in both
+        ]
+    except SpecwakeError as exc:
+        _fail(ui, exc)
+    ui.note(f"old: {old}\nnew: {new}")
+    ui.report("\n".join(render_comparison_markdown(c) for c in comparisons))
+    unmatched = sorted(set(map(str, olds)) ^ set(map(str, news)))
+    if unmatched:
+        ui.note(f"only on one side: {', '.join(unmatched)}")
+    raise typer.Exit(EXIT_FAIL if any(c.regressions for c in comparisons) else 0)
 
 
 @models_app.command("tiny")

@@ -1,43 +1,88 @@
-"""Everything specwake shows a person: progress lines, errors, the report. The only module importing rich.
+"""Everything specwake shows a person: progress, errors, the report. The only module importing rich.
 
-Progress and errors go to stderr (timestamped, one line per event; colour only on a TTY); reports go to stdout.
+On a terminal, progress is a live table (one row per server: starting → fresh → cycle k → stage k, tok/s as
+requests finish); in CI or when piped, one timestamped line per event; nothing with --quiet. Reports go to stdout.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from types import TracebackType
 
 from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
+from rich.table import Table
+
+
+def _interactive(console: Console) -> bool:
+    return console.is_terminal and not os.environ.get("CI")
+
+
+def split_event(message: str) -> tuple[str | None, str]:
+    """Events are `<server key>: <status>`; the key is what the live table groups rows by."""
+    key, sep, rest = message.partition(": ")
+    if sep and " " not in key:
+        return key, rest
+    return None, message
 
 
 class Ui:
-    def __init__(self, quiet: bool = False) -> None:
+    def __init__(self, quiet: bool = False, *, live: bool | None = None) -> None:
         self.quiet = quiet
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
-        self.out = Console(highlight=False, soft_wrap=True)
         self._t0 = time.monotonic()
+        self._live_wanted = _interactive(self.err) if live is None else live
+        self._live: Live | None = None
+        self._rows: dict[str, tuple[str, float]] = {}
+
+    # -- live table --------------------------------------------------------------------------------
+
+    def __enter__(self) -> Ui:
+        if self._live_wanted and not self.quiet:
+            self._live = Live(self._table(), console=self.err, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        if self._live is not None:
+            self._live.__exit__(kind, value, tb)
+            self._live = None
+
+    def _table(self) -> Table:
+        table = Table(title=f"specwake — {time.monotonic() - self._t0:5.0f} s", title_justify="left", expand=False)
+        table.add_column("server")
+        table.add_column("status")
+        table.add_column("since", justify="right")
+        now = time.monotonic()
+        for key, (status, since) in self._rows.items():
+            table.add_row(escape(key), escape(status), f"{now - since:4.0f} s")
+        return table
+
+    # -- output ------------------------------------------------------------------------------------
 
     def event(self, message: str) -> None:
-        """One progress line, e.g. `[  12.3s] baseline: stage fresh`."""
+        """One progress event; `<key>: <status>` updates that server's row on a terminal."""
         if self.quiet:
             return
+        key, status = split_event(message)
+        if self._live is not None and key is not None:
+            self._rows[key] = (status, time.monotonic())
+            self._live.update(self._table())
+            return
         elapsed = time.monotonic() - self._t0
-        self.err.print(f"[dim][{elapsed:7.1f}s][/dim] {message}", markup=True, emoji=False)
+        self.err.print(f"[dim][{elapsed:7.1f}s][/dim] {escape(message)}", markup=True, emoji=False)
 
     def error(self, message: str) -> None:
-        self.err.print(f"[bold red]error:[/bold red] {_escape(message)}", markup=True, emoji=False)
+        self.err.print(f"[bold red]error:[/bold red] {escape(message)}", markup=True, emoji=False)
 
     def note(self, message: str) -> None:
         if not self.quiet:
-            self.err.print(_escape(message), markup=True, emoji=False)
+            self.err.print(escape(message), markup=True, emoji=False)
 
-    def report(self, markdown: str) -> None:
-        """The Markdown report, verbatim (pasteable), on stdout."""
-        sys.stdout.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    def report(self, text: str) -> None:
+        """A report, verbatim (pasteable), on stdout."""
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
-
-
-def _escape(text: str) -> str:
-    return escape(text)

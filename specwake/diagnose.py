@@ -55,14 +55,17 @@ def draft_zero_line(diagnostics: Sequence[dict[str, Any]]) -> str | None:
     if entry is None or not entry.get("fingerprints"):
         return None
     per_rank = []
+    empty = 0
     for fp in entry["fingerprints"]:
         draft = fp.get("draft") if isinstance(fp, dict) else None
         if not draft or not draft.get("present", True):
             return "draft: no separate drafter parameters found"
         per_rank.append((int(draft.get("all_zero", 0)) + int(draft.get("on_meta", 0)), int(draft.get("tensors", 0))))
+        empty = int(draft.get("empty", 0))
     if len(set(per_rank)) == 1:
         bad, total = per_rank[0]
-        return f"draft: {bad}/{total} parameters all-zero or on meta after reload_weights"
+        note = f" ({empty} empty: weights the backend keeps outside parameters)" if empty else ""
+        return f"draft: {bad}/{total} parameters all-zero or on meta after reload_weights{note}"
     ranks = ", ".join(f"rank {r}: {bad}/{total}" for r, (bad, total) in enumerate(per_rank))
     return f"draft parameters all-zero or on meta after reload_weights: {ranks}"
 

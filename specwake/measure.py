@@ -81,7 +81,9 @@ def run_stage(
 ) -> StageResult:
     """Measure one stage. Server faults (timeouts, HTTP errors) propagate as ServerFault."""
     start = _scrape(client)
+    warm_started = time.monotonic()
     warm_tokens = sum(_request(client, workload, i).completion_tokens for i in range(workload.warmup))
+    warmup_seconds = time.monotonic() - warm_started
     before = _settled_counters(client, start, warm_tokens, settle_s, sleep) if warm_tokens else start
     completions = []
     for i in range(workload.repeats):
@@ -108,4 +110,5 @@ def run_stage(
         outputs=outputs,
         outputs_match_fresh=None if fresh is None else outputs == fresh.outputs[: len(outputs)],
         counters_reset=delta.counters_reset,
+        warmup_seconds=round(warmup_seconds, 3),
     )

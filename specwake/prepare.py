@@ -4,15 +4,16 @@ probed, overlays and builtin models built, platform fit judged, and each variant
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specwake.engine import EngineInfo, probe_engine, resolve_python
-from specwake.errors import PlatformMismatch
-from specwake.overlay import Overlay, build_overlay, inspect_patch
+from specwake.errors import PatchError, PlatformMismatch
+from specwake.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
 from specwake.plan import VariantPlan, build_server_command, build_server_env, redact_env, resolve_discard
 from specwake.scenario import Scenario, Variant
 from specwake.tinymodel import resolve_model_ref
@@ -57,6 +58,25 @@ def platform_problem(scenario: Scenario, engine: EngineInfo, gpus: Sequence[int]
     return None
 
 
+@contextlib.contextmanager
+def _naming_patch(scenario: Scenario, variant: Variant) -> Iterator[None]:
+    """Patch errors name the scenario file and key, like every other input error."""
+    try:
+        yield
+    except PatchError as exc:
+        raise PatchError(f"{scenario.file}: variants.{variant.name}.patch: {exc}") from None
+
+
+def inspect_patches(scenario: Scenario) -> dict[str, PatchInfo]:
+    """Read and validate every variant's diff (no overlay built): the cheap part of the patch checks."""
+    infos = {}
+    for variant in scenario.variants:
+        if variant.patch is not None:
+            with _naming_patch(scenario, variant):
+                infos[variant.name] = inspect_patch(variant.patch)
+    return infos
+
+
 def prepare(
     scenario: Scenario, cache: Path, events: Events, *, gpus: Sequence[int] | None = None
 ) -> list[PreparedVariant]:
@@ -65,8 +85,7 @@ def prepare(
     Input problems raise (exit 2); a platform that cannot run the scenario is recorded per variant so that
     `check` can report it and `run` can refuse it (see `require_runnable`).
     """
-    # Cheap input checks first, so bad input never waits on a probe.
-    patches = {v.name: inspect_patch(v.patch) for v in scenario.variants if v.patch is not None}
+    patches = inspect_patches(scenario)  # cheap input checks first, so bad input never waits on a probe
     engines: dict[str, EngineInfo] = {}
     prepared = []
     for variant in scenario.variants:
@@ -77,7 +96,8 @@ def prepare(
         engine = engines[python]
         overlay = patch_sha = None
         if variant.patch is not None:
-            overlay = build_overlay(variant.patch, engine.package_dir, engine.vllm_version, cache)
+            with _naming_patch(scenario, variant):
+                overlay = build_overlay(variant.patch, engine.package_dir, engine.vllm_version, cache)
             patch_sha = patches[variant.name].sha256
             events(f"{variant.name}: overlay {'reused' if overlay.reused else 'built'} at {overlay.root}")
             for skipped in overlay.skipped_files:

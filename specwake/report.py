@@ -1,4 +1,4 @@
-"""Renderers of finished runs: PR-comment Markdown and a per-stage pandas frame (stages.csv).
+"""Renderers of finished runs: the PR-comment Markdown, JSON and a per-stage pandas frame (stages.csv).
 
 Also the run folder's writer (result.json atomically, report.md, stages.csv) and result.json reader.
 """
@@ -9,139 +9,177 @@ import json
 import os
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from specwake.errors import InputError, ResultsUnwritable
-from specwake.results import ScenarioResult, StageResult, VariantResult, from_dict, to_json
+from specwake.markdown import MISSING, cell, inline, num, short_sha
+from specwake.report_details import details
+from specwake.results import ScenarioResult, StageResult, VariantResult, from_dict, to_dict, to_json
+from specwake.stats import Ratio, Summary, ratio, speed_recovered, summarize
 from specwake.verdict import INCOMPLETE, explain
 
-MISSING = "–"
 RESULT_FILE = "result.json"
 REPORT_FILE = "report.md"
 STAGES_FILE = "stages.csv"
-SHORT_SHA = 12
 DEFAULT_TOLERANCE = 0.05  # used only when a result does not record its [expect] tolerance
+DEFAULT_MIN_SPEEDUP = 0.9  # used only when a result does not record expect.min_speedup_recovery
 EMULATED_NOTE = (
     "L2 discard emulated on CPU: after /sleep?level=2 specwake zeroed every parameter tensor vLLM exposes "
     "(CPU linear layers also keep packed oneDNN copies it cannot reach); wake and reload are unmodified vLLM"
 )
 RESET_MARK = " †"
 RESET_NOTE = "† a counter went backwards during this stage (engine restarted): its numbers count from the restart"
-TABLE_COLUMNS = (
-    "variant",
-    "stage",
-    "AL",
-    "drafts",
-    "accepted/drafted tokens",
-    "tok/s (median)",
-    "outputs = fresh",
+# Stage table: (header, alignment row, minimum width). Fixed widths keep a re-rendered comment's diff row-local.
+TABLE_SPEC = (
+    ("variant", "---", 0),
+    ("stage", "---", 0),
+    ("AL", "---:", 5),
+    ("drafts", "---:", 6),
+    ("accepted/drafted", "---:", 16),
+    ("tok/s median [CI]", "---:", 21),
+    ("vs fresh [CI]", "---:", 18),
+    ("outputs = fresh", ":---:", 15),
 )
-TABLE_ALIGN = ("---", "---", "---:", "---:", "---:", "---:", ":---:")
-STAGE_COLUMNS = (
-    "scenario",
-    "variant",
-    "outcome",
-    "expected",
-    "stage",
-    "cycle",
-    "acceptance_length",
-    "num_drafts",
-    "num_draft_tokens",
-    "num_accepted_tokens",
-    "acceptance_rate",
-    "per_position",
-    "requests",
-    "tok_s_median",
-    "tok_s_min",
-    "tok_s_max",
-    "outputs_match_fresh",
-    "counters_reset",
+STAGE_COLUMNS = tuple(
+    """
+    scenario variant outcome expected stage cycle acceptance_length num_drafts num_draft_tokens
+    num_accepted_tokens acceptance_rate per_position requests tok_s_median tok_s_min tok_s_max
+    outputs_match_fresh counters_reset tok_s_ci_low tok_s_ci_high tok_s_vs_fresh tok_s_vs_fresh_low
+    tok_s_vs_fresh_high
+    """.split()
 )
+SPEED_WORDS = {"yes": "kept", "no": "lost", "inconclusive": "inconclusive"}
 _VERDICT_RANK = {"pass": 0, "error": 1, "fail": 2}
+_VERDICT_ICON = {"pass": "✅", "fail": "❌", "error": "⚠️"}
 
 
-# ---------------------------------------------------------------- Markdown
+@dataclass(frozen=True)
+class _Row:
+    """One stage with its tok/s summary and its tok/s ratio to the variant's fresh stage (None for fresh)."""
+
+    stage: StageResult
+    summary: Summary
+    vs_fresh: Ratio | None
 
 
-def _num(value: float | None, digits: int) -> str:
-    return MISSING if value is None else f"{value:.{digits}f}"
+# ---------------------------------------------------------------- numbers
 
 
-def _inline(text: str) -> str:
-    """Free text made safe for one Markdown line (no raw HTML tags, no line breaks)."""
-    return text.replace("<", "&lt;").replace("\n", " ")
+def _stages(variant: VariantResult) -> list[StageResult]:
+    return sorted(variant.stages, key=lambda s: s.cycle)
 
 
-def _cell(text: str) -> str:
-    return _inline(text).replace("|", "\\|")
+def _fresh(variant: VariantResult) -> StageResult | None:
+    return next((s for s in _stages(variant) if s.cycle == 0), None)
 
 
-def _match_cell(value: bool | None) -> str:
-    return MISSING if value is None else ("yes" if value else "**no**")
+def _rows(variant: VariantResult) -> list[_Row]:
+    fresh = _fresh(variant)
+    return [
+        _Row(s, summarize(s.tok_s), ratio(s.tok_s, fresh.tok_s) if fresh is not None and s.cycle > 0 else None)
+        for s in _stages(variant)
+    ]
 
 
-def _short(sha: str | None) -> str:
-    return sha[:SHORT_SHA] if sha else MISSING
+def _expect(result: ScenarioResult, key: str) -> float | None:
+    settings = result.scenario.get("settings")
+    expect = settings.get("expect") if isinstance(settings, dict) else None
+    value = expect.get(key) if isinstance(expect, dict) else None
+    if value is None:
+        value = result.scenario.get(key)
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _tolerance(result: ScenarioResult) -> float:
-    """The scenario's [expect] tolerance: settings.expect.tolerance, else a top-level tolerance."""
-    settings = result.scenario.get("settings")
-    expect = settings.get("expect") if isinstance(settings, dict) else None
-    value = expect.get("tolerance") if isinstance(expect, dict) else None
-    if value is None:
-        value = result.scenario.get("tolerance")
-    return float(value) if isinstance(value, int | float) else DEFAULT_TOLERANCE
+    value = _expect(result, "tolerance")
+    return DEFAULT_TOLERANCE if value is None else value
 
 
-def _overall(verdicts: Sequence[str]) -> str:
-    if not verdicts:
-        return "error"
-    return max(verdicts, key=lambda v: _VERDICT_RANK.get(v, _VERDICT_RANK["error"]))
+def _min_speedup(result: ScenarioResult) -> float:
+    value = _expect(result, "min_speedup_recovery")
+    return DEFAULT_MIN_SPEEDUP if value is None else value
+
+
+def speed_call(variant: VariantResult, min_ratio: float) -> tuple[str, list[tuple[str, str]]] | None:
+    """kept | lost | inconclusive for after-cycle tok/s vs fresh, with the per-stage calls; None if unmeasured."""
+    fresh = _fresh(variant)
+    post = [s for s in _stages(variant) if s.cycle > 0]
+    if fresh is None or not post or min_ratio <= 0:
+        return None
+    calls = [(s.name, SPEED_WORDS[speed_recovered(fresh.tok_s, s.tok_s, min_ratio)]) for s in post]
+    words = {word for _, word in calls}
+    overall = "lost" if "lost" in words else ("kept" if words == {"kept"} else "inconclusive")
+    return overall, calls
+
+
+def _after_samples(variant: VariantResult) -> list[float]:
+    return [x for s in _stages(variant) if s.cycle > 0 for x in s.tok_s]
+
+
+# ---------------------------------------------------------------- Markdown pieces
 
 
 def _name(result: ScenarioResult) -> str:
     return str(result.scenario.get("name") or "unnamed")
 
 
-def _as_expected(result: ScenarioResult) -> str:
-    matched = sum(1 for v in result.variants if v.matched)
-    return f"{_name(result)}: {matched}/{len(result.variants)} variants as expected"
+def _summarycell(s: Summary, digits: int = 1) -> str:
+    if s.median is None:
+        return MISSING
+    if s.n < 2 or s.ci_low is None or s.ci_high is None:
+        return f"{s.median:.{digits}f} (n={s.n})"
+    return f"{s.median:.{digits}f} [{s.ci_low:.{digits}f}, {s.ci_high:.{digits}f}]"
 
 
-def verdict_line(results: Sequence[ScenarioResult]) -> str:
-    overall = _overall([r.verdict for r in results]).upper()
-    summary = "; ".join(_as_expected(r) for r in results) or "no scenario results"
-    return f"**specwake: {overall}** — {summary}"
+def _ratiocell(r: Ratio | None) -> str:
+    if r is None or r.value is None:
+        return MISSING
+    if r.ci_low is None or r.ci_high is None:
+        return f"{r.value:.2f} (no CI)"
+    return f"{r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
 
 
-def _row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
+def _matchcell(value: bool | None) -> str:
+    return MISSING if value is None else ("yes" if value else "**no**")
 
 
-def _stage_row(variant: str, stage: StageResult) -> str:
+def _row(cells: Sequence[str], widths: Sequence[int], aligns: Sequence[str]) -> str:
+    padded = [c.rjust(w) if a == "---:" else c.ljust(w) for c, w, a in zip(cells, widths, aligns, strict=True)]
+    return "| " + " | ".join(padded) + " |"
+
+
+def _stage_cells(variant: str, row: _Row) -> list[str]:
+    s = row.stage
     cells = [
         variant,
-        stage.name,
-        _num(stage.acceptance_length, 2) + (RESET_MARK if stage.counters_reset else ""),
-        str(stage.num_drafts),
-        f"{stage.num_accepted_tokens}/{stage.num_draft_tokens}",
-        _num(stage.tok_s_median, 1),
-        _match_cell(stage.outputs_match_fresh),
+        s.name,
+        num(s.acceptance_length, 2) + (RESET_MARK if s.counters_reset else ""),
+        str(s.num_drafts),
+        f"{s.num_accepted_tokens}/{s.num_draft_tokens}",
+        _summarycell(row.summary),
+        _ratiocell(row.vs_fresh),
+        _matchcell(s.outputs_match_fresh),
     ]
-    return _row([_cell(c) for c in cells])
+    return [cell(c) for c in cells]
 
 
 def _table(variants: Sequence[VariantResult]) -> list[str]:
-    rows = [_row(TABLE_COLUMNS), _row(TABLE_ALIGN)]
+    body = []
     for variant in variants:
         if not variant.stages:
-            empty = [variant.name, "no stage measured", *[MISSING] * 5]
-            rows.append(_row([_cell(c) for c in empty]))
-        rows += [_stage_row(variant.name, s) for s in variant.stages]
-    return rows
+            body.append([cell(variant.name), "no stage measured", *[MISSING] * (len(TABLE_SPEC) - 2)])
+        body += [_stage_cells(variant.name, r) for r in _rows(variant)]
+    heads = [h for h, _, _ in TABLE_SPEC]
+    aligns = [a for _, a, _ in TABLE_SPEC]
+    # Numbers get fixed widths; names are as wide as the longest in this table (stable for one scenario).
+    widths = [max(len(h), w) for h, _, w in TABLE_SPEC]
+    for i in (0, 1):
+        widths[i] = max([widths[i], *(len(cells[i]) for cells in body)])
+    return [_row(heads, widths, aligns), _row(aligns, widths, aligns), *(_row(c, widths, aligns) for c in body)]
 
 
 def _mark(variant: VariantResult) -> str:
@@ -152,41 +190,34 @@ def _mark(variant: VariantResult) -> str:
     return "✓" if variant.matched else "✗"
 
 
-def _variant_line(variant: VariantResult, tolerance: float) -> str:
-    return _inline(
-        f"- {variant.name}: {variant.outcome} (expected {variant.expected}) {_mark(variant)}"
-        f" — {explain(variant, tolerance)}"
+def _speed_text(variant: VariantResult, min_ratio: float) -> str:
+    call = speed_call(variant, min_ratio)
+    if call is None:
+        return ""
+    overall, calls = call
+    text = f"; tok/s after the cycles: **{overall}** (threshold {min_ratio:.2f}× fresh"
+    if len({word for _, word in calls}) > 1:
+        text += "; " + ", ".join(f"{name} {word}" for name, word in calls)
+    return text + ")"
+
+
+def _variant_line(variant: VariantResult, tolerance: float, min_ratio: float) -> str:
+    return inline(
+        f"- **{variant.name}**: {variant.outcome} (expected {variant.expected}) {_mark(variant)}"
+        f" — {explain(variant, tolerance)}{_speed_text(variant, min_ratio)}"
     )
 
 
-def _fence(text: str) -> str:
-    ticks = 3
-    while "`" * ticks in text:
-        ticks += 1
-    return "`" * ticks
-
-
-def _details(variant: VariantResult) -> list[str]:
-    """A collapsed block: the log excerpt of a crashed variant, the error of an errored one."""
-    if variant.outcome == "crash":
-        title = f"{variant.name}: crash ({variant.crash_class or 'unknown'}) — log excerpt"
-        body = variant.log_excerpt or variant.error or "(no log excerpt)"
-    elif variant.outcome == "error":
-        title = f"{variant.name}: error — {variant.crash_class or 'startup_failed'}"
-        body = "\n".join(t for t in (variant.error, variant.log_excerpt) if t) or "(no error text)"
-    else:
+def _patched_vs_baseline(variants: Sequence[VariantResult]) -> list[str]:
+    by_name = {v.name: v for v in variants}
+    if "patched" not in by_name or "baseline" not in by_name:
         return []
-    fence = _fence(body)
-    where = [f"log: `{variant.log_path}`", ""] if variant.log_path else []
+    top, bottom = _after_samples(by_name["patched"]), _after_samples(by_name["baseline"])
+    if not top or not bottom:
+        return []
     return [
-        "<details>",
-        f"<summary>{_inline(title)}</summary>",
-        "",
-        *where,
-        fence,
-        body.rstrip("\n"),
-        fence,
-        "</details>",
+        f"- patched / baseline tok/s after the cycles: {_ratiocell(ratio(top, bottom))}"
+        f" (median over all post-cycle requests, n={len(top)} vs {len(bottom)})"
     ]
 
 
@@ -194,50 +225,123 @@ def _unique(values: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
 
+def _interval_phrase(result: ScenarioResult) -> str:
+    rows = [r for v in result.variants for r in _rows(v)]
+    medians = _unique([r.summary.method for r in rows if r.summary.n])
+    ratios = _unique([r.vs_fresh.method for r in rows if r.vs_fresh is not None and r.vs_fresh.value is not None])
+    return f"tok/s CI: {', '.join(medians) or MISSING}; ratio CI: {', '.join(ratios) or MISSING}"
+
+
 def provenance_line(result: ScenarioResult) -> str:
-    versions = ", ".join(f"{v.name} {v.vllm_version or MISSING}" for v in result.variants)
-    patches = ", ".join(f"{v.name} {_short(v.patch_sha256)}" for v in result.variants if v.patch_sha256)
-    platforms = ", ".join(_unique([v.platform for v in result.variants])) or MISSING
+    """The footer: versions, hashes, host, GPUs, discard kind, run mode, interval method, start time."""
+    variants = result.variants
+    versions = ", ".join(f"{v.name} {v.vllm_version or MISSING}" for v in variants)
+    patches = ", ".join(f"{v.name} {short_sha(v.patch_sha256)}" for v in variants if v.patch_sha256)
+    gpus = [(v.name, v.info.get("gpus")) for v in variants if isinstance(v.info, dict)]
+    gpu_text = "; ".join(f"{n} {','.join(map(str, g))}" for n, g in gpus if isinstance(g, list) and g)
     parts = [
+        f"specwake {result.specwake_version}",
         f"vLLM: {versions or MISSING}",
         f"patch sha256: {patches or MISSING}",
-        f"scenario sha256: {_short(result.scenario.get('sha256'))}",
-        f"platform: {platforms}",
-        f"specwake {result.specwake_version}",
+        f"scenario sha256: {short_sha(result.scenario.get('sha256'))}",
+        f"Python {result.host.get('python') or MISSING}",
+        f"host {result.host.get('hostname') or MISSING}",
+        f"platform: {', '.join(_unique([v.platform for v in variants])) or MISSING}",
+        *([f"GPUs: {gpu_text}"] if gpu_text else []),
+        f"L2 discard: {', '.join(_unique([v.l2_discard for v in variants])) or MISSING}",
+        f"mode: {result.scenario.get('mode') or MISSING}",
+        _interval_phrase(result),
         f"started {result.started_at}",
     ]
-    return "<sub>" + " · ".join(parts) + "</sub>"
+    return "<sub>" + inline(" · ".join(parts)) + "</sub>"
+
+
+def _section(settings: dict[str, Any], key: str) -> dict[str, Any]:
+    value = settings.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _setup_line(result: ScenarioResult) -> list[str]:
+    s = result.scenario.get("settings")
+    if not isinstance(s, dict) or not isinstance(s.get("server"), dict):
+        return []
+    server, spec, work, cycle = (_section(s, k) for k in ("server", "speculative", "workload", "cycle"))
+    parts = [
+        f"`{server.get('model', MISSING)}`",
+        f"{spec.get('method', MISSING)} K={spec.get('num_speculative_tokens', MISSING)}",
+        f"TP {server.get('tensor_parallel_size', MISSING)}" + (", eager" if server.get("enforce_eager") else ""),
+        f"{cycle.get('count', MISSING)} × L{cycle.get('level', MISSING)} sleep/wake",
+        f"{work.get('repeats', MISSING)} requests × {work.get('max_tokens', MISSING)} tokens per stage",
+    ]
+    return [inline(" · ".join(parts)), ""]
 
 
 def _scenario_section(result: ScenarioResult) -> list[str]:
-    tolerance = _tolerance(result)
+    tolerance, min_ratio = _tolerance(result), _min_speedup(result)
+    icon = _VERDICT_ICON.get(result.verdict, "⚠️")
     status = result.verdict.upper() + ("" if result.complete else " (incomplete run)")
-    lines = [f"### {_name(result)} — {status}", "", *_table(result.variants), ""]
-    lines += [_variant_line(v, tolerance) for v in result.variants]
+    lines = [f"### {inline(_name(result))} — {icon} {status}", "", *_setup_line(result), *_table(result.variants), ""]
+    lines += [_variant_line(v, tolerance, min_ratio) for v in result.variants]
+    lines += _patched_vs_baseline(result.variants)
     if any(s.counters_reset for v in result.variants for s in v.stages):
         lines += ["", RESET_NOTE]
     if any(v.l2_discard == "emulated" for v in result.variants):
         lines += ["", f"> {EMULATED_NOTE}"]
     for variant in result.variants:
-        block = _details(variant)
-        if block:
-            lines += ["", *block]
-    lines += ["", provenance_line(result)]
-    return lines
+        block = details(variant)
+        lines += ["", *block] if block else []
+    return lines + ["", provenance_line(result)]
+
+
+def _overall(verdicts: Sequence[str]) -> str:
+    if not verdicts:
+        return "error"
+    return max(verdicts, key=lambda v: _VERDICT_RANK.get(v, _VERDICT_RANK["error"]))
+
+
+def _offenders(results: Sequence[ScenarioResult]) -> list[str]:
+    named = []
+    for r in results:
+        for v in r.variants:
+            if v.outcome == "error":
+                named.append(f"{_name(r)}/{v.name} not measured ({v.crash_class or 'startup_failed'})")
+            elif v.outcome == INCOMPLETE:
+                named.append(f"{_name(r)}/{v.name} unfinished")
+            elif not v.matched:
+                named.append(f"{_name(r)}/{v.name} {v.outcome}, expected {v.expected}")
+    return named
+
+
+def verdict_line(results: Sequence[ScenarioResult]) -> str:
+    """`specwake: ✅ PASS — 2 scenarios, 4/4 variants as expected` (+ the variants that were not)."""
+    overall = _overall([r.verdict for r in results])
+    variants = [v for r in results for v in r.variants]
+    matched = sum(1 for v in variants if v.matched)
+    count = f"{len(results)} scenario{'' if len(results) == 1 else 's'}"
+    line = f"specwake: {_VERDICT_ICON[overall]} {overall.upper()} — {count}, {matched}/{len(variants)} variants"
+    line += " as expected"
+    offenders = _offenders(results)
+    return inline(line + (" — " + "; ".join(offenders) if offenders else ""))
 
 
 def render_markdown(results: Sequence[ScenarioResult]) -> str:
     """The PR-comment Markdown of one or more scenario results."""
-    lines = [verdict_line(results)]
+    lines = [f"## {verdict_line(results)}"]
     for result in results:
         lines += ["", *_scenario_section(result)]
     return "\n".join(lines) + "\n"
 
 
+def render_json(results: Sequence[ScenarioResult]) -> str:
+    """The results as one JSON list of result.json objects."""
+    return json.dumps([to_dict(r) for r in results], indent=2) + "\n"
+
+
 # ---------------------------------------------------------------- CSV
 
 
-def _stage_record(result: ScenarioResult, variant: VariantResult, stage: StageResult) -> dict:
+def _stage_record(result: ScenarioResult, variant: VariantResult, row: _Row) -> dict[str, Any]:
+    stage, vs = row.stage, row.vs_fresh
     rate = stage.num_accepted_tokens / stage.num_draft_tokens if stage.num_draft_tokens else None
     return {
         "scenario": _name(result),
@@ -258,18 +362,23 @@ def _stage_record(result: ScenarioResult, variant: VariantResult, stage: StageRe
         "tok_s_max": max(stage.tok_s) if stage.tok_s else None,
         "outputs_match_fresh": stage.outputs_match_fresh,
         "counters_reset": stage.counters_reset,
+        "tok_s_ci_low": row.summary.ci_low,
+        "tok_s_ci_high": row.summary.ci_high,
+        "tok_s_vs_fresh": vs.value if vs else None,
+        "tok_s_vs_fresh_low": vs.ci_low if vs else None,
+        "tok_s_vs_fresh_high": vs.ci_high if vs else None,
     }
 
 
 def stages_frame(results: Sequence[ScenarioResult]) -> pd.DataFrame:
-    """One row per scenario × variant × stage, columns in STAGE_COLUMNS order."""
-    records = [
-        _stage_record(result, variant, stage)
-        for result in results
-        for variant in result.variants
-        for stage in variant.stages
-    ]
+    """One row per scenario × variant × stage (stages by cycle), columns in STAGE_COLUMNS order."""
+    records = [_stage_record(r, v, row) for r in results for v in r.variants for row in _rows(v)]
     return pd.DataFrame.from_records(records, columns=list(STAGE_COLUMNS))
+
+
+def render_csv(results: Sequence[ScenarioResult]) -> str:
+    """stages_frame(results) as CSV text (the content of stages.csv)."""
+    return str(stages_frame(results).to_csv(index=False))
 
 
 # ---------------------------------------------------------------- files
@@ -296,7 +405,7 @@ def write_run_files(run_dir: Path, result: ScenarioResult) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         _write_atomic(run_dir / RESULT_FILE, to_json(result))
         _write_atomic(run_dir / REPORT_FILE, render_markdown([result]))
-        _write_atomic(run_dir / STAGES_FILE, stages_frame([result]).to_csv(index=False))
+        _write_atomic(run_dir / STAGES_FILE, render_csv([result]))
     except OSError as exc:
         raise ResultsUnwritable(f"{run_dir}: cannot write run files: {exc}") from exc
 

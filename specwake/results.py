@@ -30,6 +30,7 @@ class StageResult:
     outputs: list[str]
     outputs_match_fresh: bool | None  # None for the fresh stage itself
     counters_reset: bool = False  # a counter went backwards (engine restarted)
+    warmup_seconds: float = 0.0  # wall time of the unmeasured warmup requests
 
 
 @dataclass(frozen=True)

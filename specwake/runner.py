@@ -17,6 +17,7 @@ from typing import Any
 
 from specwake import __version__
 from specwake.errors import Interrupted, ResultsUnwritable
+from specwake.plan import redact_env
 from specwake.prepare import PreparedVariant
 from specwake.report import write_run_files
 from specwake.results import ScenarioResult, VariantResult
@@ -80,7 +81,7 @@ def assemble(
             "name": scenario.name,
             "file": str(scenario.file),
             "sha256": scenario.sha256,
-            "settings": scenario.settings(),
+            "settings": _redacted_settings(scenario.settings()),
             "mode": mode,
         },
         verdict=verdict,
@@ -91,6 +92,18 @@ def assemble(
         specwake_version=__version__,
         complete=complete,
     )
+
+
+def _redacted_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Scenario settings safe to write: secret-looking env values (tokens, keys) hidden."""
+    server = dict(settings.get("server") or {})
+    if isinstance(server.get("env"), dict):
+        server["env"] = redact_env(server["env"])
+    variants = {
+        name: {**spec, "env": redact_env(spec["env"])} if isinstance(spec.get("env"), dict) else spec
+        for name, spec in (settings.get("variants") or {}).items()
+    }
+    return {**settings, "server": server, "variants": variants}
 
 
 class Recorder:

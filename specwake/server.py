@@ -203,6 +203,20 @@ class Server:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def exited_within(self, timeout_s: float) -> bool:
+        """Whether the process has exited, waiting up to ``timeout_s`` for it.
+
+        A killed server's sockets close a moment before the process can be reaped, so a broken
+        connection is seen before ``alive()`` turns False; this wait closes that race.
+        """
+        if self._proc is None:
+            return False
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def returncode(self) -> int | None:
         return self._proc.poll() if self._proc is not None else None
 
@@ -258,6 +272,7 @@ class Server:
 
     def _terminate(self, proc: subprocess.Popen[bytes], pgid: int) -> None:
         _signal_group(pgid, signal.SIGTERM)
+        _signal_group(pgid, signal.SIGCONT)  # a stopped (SIGSTOP-ed, hung) group must run to see SIGTERM
         deadline = time.monotonic() + self.grace_s
         try:
             proc.wait(timeout=self.grace_s)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specwake.errors import InputError, ResultsUnwritable
 from specwake.junit import write_junit
-from specwake.prepare import PreparedVariant, prepare, require_runnable
+from specwake.prepare import PreparedVariant, inspect_patches, prepare, require_runnable
 from specwake.report import REPORT_FILE, RESULT_FILE, load_result, render_markdown
 from specwake.results import ScenarioResult, VariantResult
 from specwake.runner import check_writable, make_run_dir, run_packed_scenarios, run_scenario
@@ -104,6 +105,8 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
     if len(set(names)) != len(names):
         raise InputError(f"two scenarios share a name ({', '.join(sorted({n for n in names if names.count(n) > 1}))})")
     previous = _previous(request.resume, scenarios) if request.resume is not None else {}
+    for scenario in scenarios:
+        inspect_patches(scenario)  # bad input is reported before anything is created or launched
     check_writable(request.resume or request.output)
     prepared: list[list[PreparedVariant]] = []
     for scenario in scenarios:
@@ -164,3 +167,26 @@ def _append_step_summary(markdown: str) -> None:
             handle.write(markdown if markdown.endswith("\n") else markdown + "\n")
     except OSError as exc:
         raise ResultsUnwritable(f"GITHUB_STEP_SUMMARY not writable: {target}: {exc.strerror}") from None
+
+
+RUN_FOLDER = re.compile(r"^\d{8}-\d{6}-")
+
+
+def _holds_results(folder: Path) -> bool:
+    return (folder / RESULT_FILE).is_file() or any(folder.glob(f"*/{RESULT_FILE}"))
+
+
+def load_results(path: Path) -> list[ScenarioResult]:
+    """Results behind a path: a result.json, a run folder (one or many scenarios), or a results folder
+    (its latest run). Raises InputError naming the path when nothing loadable is there."""
+    if path.is_file() or (path / RESULT_FILE).is_file():
+        return [load_result(path)]
+    if not path.is_dir():
+        raise InputError(f"{path}: no such file or folder")
+    runs = sorted(p for p in path.iterdir() if p.is_dir() and RUN_FOLDER.match(p.name) and _holds_results(p))
+    if runs:
+        return load_results(max(runs, key=lambda p: p.name))
+    scenario_dirs = sorted(p.parent for p in path.glob(f"*/{RESULT_FILE}"))
+    if scenario_dirs:
+        return [load_result(p) for p in scenario_dirs]
+    raise InputError(f"{path}: no {RESULT_FILE} here or in its run folders")

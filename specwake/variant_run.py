@@ -16,7 +16,7 @@ from specwake import diagnose
 from specwake.client import VllmClient
 from specwake.crashes import classify
 from specwake.cycle import run_cycle
-from specwake.errors import RequestFailed, ServerFault, StartupFailed
+from specwake.errors import ServerFault, StartupFailed
 from specwake.measure import Workload, run_stage, stage_name
 from specwake.plan import redact_env
 from specwake.prepare import PreparedVariant, plan_variant
@@ -28,6 +28,7 @@ from specwake.verdict import INCOMPLETE, decide_outcome, outcome_matches
 Events = Callable[[str], None]
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result
+EXIT_SETTLE_S = 1.0  # after a fault, how long a dying server gets to be seen as exited
 
 
 def check_imports(prep: PreparedVariant, infos: list[Any]) -> str | None:
@@ -105,7 +106,7 @@ class VariantRun:
     def open(self) -> None:
         """Start the server, wait for /health, check it is ours and imports the right vLLM."""
         self.events(f"{self.name}: starting server on 127.0.0.1:{self.plan.port} (log {self.log_path})")
-        t0 = self.clock()
+        t0 = self.started = self.clock()
         try:
             self.server.start()
             self.server.wait_ready()
@@ -133,12 +134,19 @@ class VariantRun:
     def _verify(self, client: VllmClient) -> None:
         served = client.model_ids()
         if self.prep.model not in served:
-            raise RequestFailed(f"server at {self.server.base_url} serves {served}, not {self.prep.model!r}")
+            # Another process answers on our port (ours lost the race for it, or died): never measure it.
+            state = "running" if self.server.alive() else describe_exit(self.server.returncode() or 0)
+            problem = (
+                f"server at {self.server.base_url} serves {served}, not {self.prep.model!r}: "
+                f"a foreign server holds the port (ours: {state}); nothing was measured"
+            )
+            self._finish("error", problem, "port_conflict", self.server.log_tail(LOG_EXCERPT_LINES))
+            return
         infos = client.rpc_results("specwake_info", timeout=self.scenario.cycle.step_timeout_s)
         self.info = {"workers": infos}
-        problem = check_imports(self.prep, infos)
-        if problem:
-            self._finish("error", problem, "overlay_not_used", self.server.log_tail(20))
+        mismatch = check_imports(self.prep, infos)
+        if mismatch:
+            self._finish("error", mismatch, "overlay_not_used", self.server.log_tail(20))
 
     def close(self) -> None:
         t0 = self.clock()
@@ -216,7 +224,7 @@ class VariantRun:
     # -- outcome -----------------------------------------------------------------------------------
 
     def _crash(self, fault: ServerFault) -> None:
-        alive = self.server.alive()
+        alive = not self.server.exited_within(EXIT_SETTLE_S)
         code = self.server.returncode()
         message = str(fault) if alive or code is None else f"{fault} (server {describe_exit(code)})"
         crash = classify(

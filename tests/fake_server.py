@@ -27,7 +27,12 @@ Modes:
                    answers 500 and GET /health 503, the process stays up (like VLLM_KEEP_ALIVE_ON_ENGINE_DEATH)
   oom-on-wake      POST /wake_up?tags=kv_cache prints a torch.OutOfMemoryError line to stderr, answers 500
 Other faults: --spawn-child (a child process in the same group, like EngineCore),
---ignore-sigterm (server and child ignore SIGTERM), --child-ignore-sigterm (only the child does).
+--ignore-sigterm (server and child ignore SIGTERM), --child-ignore-sigterm (only the child does),
+--fault WHEN:ACTION (repeatable) with WHEN one of startup, completion:N (the N-th completion request,
+warmup included), path:/sleep (any POST path), rpc:METHOD, and ACTION one of kill-group / stop-group
+(SIGKILL / SIGSTOP this server's own process group), int-parent / term-parent (SIGINT / SIGTERM to the
+process that launched us, i.e. specwake); --no-spec-metrics (speculation silently off: no spec-decode
+families), --reset-counters-at N (every counter restarts from 0 at the N-th completion, like a restarted engine).
 """
 
 from __future__ import annotations
@@ -55,6 +60,12 @@ MODES = (
     "engine-dead-after-discard",
     "oom-on-wake",
 )
+FAULT_ACTIONS = {
+    "kill-group": ("group", signal.SIGKILL),
+    "stop-group": ("group", signal.SIGSTOP),
+    "int-parent": ("parent", signal.SIGINT),
+    "term-parent": ("parent", signal.SIGTERM),
+}
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 TAGS = ("weights", "kv_cache")
 
@@ -70,10 +81,14 @@ class State:
         self.target_zeroed = False  # discarded and not reloaded since
         self.requests = 0
         self.engine_dead = False
+        self.completions = 0  # completion requests received, for --fault completion:N
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
         self.created = time.time()
         zero = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generation": 0}
-        self.counters = [dict(zero) for _ in range(args.engines)]
-        self.per_pos = [[0] * args.k for _ in range(args.engines)]
+        self.counters = [dict(zero) for _ in range(self.args.engines)]
+        self.per_pos = [[0] * self.args.k for _ in range(self.args.engines)]
 
     def acceptance_length(self) -> float:
         al = self.args.al_after if self.discarded else self.args.al_fresh
@@ -112,6 +127,8 @@ def metrics_text(state: State) -> str:
         ("vllm:spec_decode_num_accepted_tokens", "accepted"),
         ("vllm:generation_tokens", "generation"),
     ]
+    if state.args.no_spec_metrics:
+        series = series[-1:]
     for name, key in series:
         out += [f"# HELP {name} Fake counter {key}.", f"# TYPE {name} counter"]
         for e, c in enumerate(state.counters):
@@ -119,6 +136,8 @@ def metrics_text(state: State) -> str:
             out.append(f"{name}_total{{{labels}}} {float(c[key])}")
             out.append(f"{name}_created{{{labels}}} {state.created}")
     name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+    if state.args.no_spec_metrics:
+        return "\n".join(out) + "\n"
     out += [f"# HELP {name} Fake per-position counter.", f"# TYPE {name} counter"]
     for e, counts in enumerate(state.per_pos):
         for pos, value in enumerate(counts):
@@ -129,6 +148,29 @@ def metrics_text(state: State) -> str:
 
 def fingerprint(count: int, zeroed: bool, checksum: float) -> dict[str, object]:
     return {"count": count, "all_zero": zeroed, "on_meta": 0, "checksum": 0.0 if zeroed else checksum}
+
+
+def parse_fault(text: str) -> tuple[str, str]:
+    """`WHEN:ACTION` → (when, action); raises ValueError for an unknown action."""
+    when, _, action = text.rpartition(":")
+    if not when or action not in FAULT_ACTIONS:
+        raise ValueError(f"bad --fault {text!r}: want WHEN:ACTION with ACTION in {', '.join(FAULT_ACTIONS)}")
+    return when, action
+
+
+def fire_faults(faults: list[tuple[str, str]], event: str) -> None:
+    """Deliver every fault registered for `event` (a stop or kill of our own group does not return)."""
+    for when, action in faults:
+        if when != event:
+            continue
+        target, sig = FAULT_ACTIONS[action]
+        print(f"INFO: fault injected at {event}: {action} t={time.time():.3f}", flush=True)
+        if target == "group":
+            os.killpg(os.getpgrp(), sig)
+            time.sleep(3600)  # the signal may take effect a moment later: this request must never answer
+        else:
+            os.kill(os.getppid(), sig)
+            time.sleep(1.0)  # keep the request open so the signal lands while specwake waits on it
 
 
 def rpc_result(state: State, method: str) -> object:
@@ -154,6 +196,8 @@ def rpc_result(state: State, method: str) -> object:
             "model_classes": {"target": "FakeForCausalLM", "draft": "FakeDraftModel"},
             "tp_rank": 0,
         }
+    if method == "specwake_memory":
+        return {"device": "cpu", "free_bytes": None, "total_bytes": None}
     if method == "specwake_fingerprint":
         draft_zero = state.discarded and state.args.al_after <= 1.0
         return {"target": fingerprint(2, state.target_zeroed, 12.5), "draft": fingerprint(1, draft_zero, 3.25)}
@@ -207,6 +251,12 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         state = self.state
+        if url.path == "/collective_rpc":
+            body = self.body()
+            fire_faults(state.args.fault, f"rpc:{body.get('method')}")
+            self.rpc(body)
+            return
+        fire_faults(state.args.fault, f"path:{url.path}")
         if url.path == "/v1/completions":
             self.complete(self.body())
         elif url.path == "/sleep":
@@ -231,17 +281,18 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200)
         elif url.path == "/reset_prefix_cache":
             self.reply(200)
-        elif url.path == "/collective_rpc":
-            body = self.body()
-            with state.lock:
-                try:
-                    result = rpc_result(state, str(body.get("method")))
-                except AttributeError as exc:
-                    self.reply(500, {"error": {"message": f"AttributeError: {exc}"}})
-                    return
-            self.reply(200, {"results": [result]})
         else:
             self.reply(404, {"detail": "Not Found"})
+
+    def rpc(self, body: dict) -> None:
+        state = self.state
+        with state.lock:
+            try:
+                result = rpc_result(state, str(body.get("method")))
+            except AttributeError as exc:
+                self.reply(500, {"error": {"message": f"AttributeError: {exc}"}})
+                return
+        self.reply(200, {"results": [result]})
 
     def complete(self, req: dict) -> None:
         state = self.state
@@ -249,6 +300,12 @@ class Handler(BaseHTTPRequestHandler):
             msg = f"The model `{req.get('model')}` does not exist."
             self.reply(404, {"error": {"message": msg, "type": "NotFoundError", "code": 404}})
             return
+        with state.lock:
+            state.completions += 1
+            number = state.completions
+            if number == state.args.reset_counters_at:
+                state.reset_counters()
+        fire_faults(state.args.fault, f"completion:{number}")
         with state.lock:
             if state.asleep:
                 self.reply(503, {"error": {"message": "engine is sleeping"}})
@@ -323,6 +380,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spawn-child", action="store_true")
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--child-ignore-sigterm", action="store_true")
+    p.add_argument("--fault", type=parse_fault, action="append", default=[], help="WHEN:ACTION")
+    p.add_argument("--no-spec-metrics", action="store_true")
+    p.add_argument("--reset-counters-at", type=int, default=0, help="N-th completion")
     return p.parse_args(argv)
 
 
@@ -334,6 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.spawn_child:
         child = spawn_child(args.ignore_sigterm or args.child_ignore_sigterm)
         print(f"INFO: spawned engine core pid {child.pid}", flush=True)
+    fire_faults(args.fault, "startup")
     delay = args.startup_delay
     time.sleep(delay if delay is not None else 2.0 if args.mode == "slow-start" else 0.0)
     if args.mode == "exit-early":

@@ -5,8 +5,11 @@ The golden file is regenerated with SPECWAKE_UPDATE_GOLDEN=1 (then review its di
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,17 +22,33 @@ from specwake.report import (
     RESET_NOTE,
     STAGE_COLUMNS,
     load_result,
+    provenance_line,
+    render_csv,
+    render_json,
     render_markdown,
+    speed_call,
     stages_frame,
     write_run_files,
 )
-from specwake.results import SCHEMA, ScenarioResult, StageResult, StepResult, VariantResult
+from specwake.results import SCHEMA, ScenarioResult, StageResult, StepResult, VariantResult, from_dict
+from specwake.stats import ratio
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "golden-report.md"
 SAMPLE_V1 = DATA / "result-v1-sample.json"
 PATCH_SHA = "3f2a9c1b0d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8"
 SCENARIO_SHA = "9a8b7c6d5e4f30211203a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5"
+
+
+def _fingerprint(draft_zero: int) -> list[dict]:
+    draft = {"present": True, "tensors": 15, "all_zero": draft_zero, "on_meta": 0, "empty": 0}
+    return [{"target": {"present": True, "tensors": 15, "all_zero": 0, "on_meta": 0}, "draft": draft}]
+
+
+DIAGNOSTICS = [
+    {"cycle": 1, "point": "before sleep", "memory": [{"device": "cpu", "free_bytes": None}]},
+    {"cycle": 1, "point": "after reload_weights", "fingerprints": _fingerprint(7)},
+]
 
 
 def _stage(cycle: int, drafts: int, accepted: int, tok_s: list[float], match: bool | None):
@@ -71,8 +90,9 @@ def _variant(name: str, outcome: str, expected: str, stages: list[StageResult], 
             StepResult(1, "sleep", "POST", "/sleep?level=2", 200, 0.12, True, None, None),
             StepResult(1, "discard", "POST", "/collective_rpc", 200, 0.05, True, None, {"n": 2}),
         ],
-        info={"device": "cpu"},
+        info={"device": "cpu", "gpus": [], "crash_lines": [], "timings": {"startup": 30.25, "measurement": 7.5}},
         seconds=61.5,
+        diagnostics=DIAGNOSTICS,
     )
     return replace(base, **kw)
 
@@ -83,12 +103,19 @@ def _scenario(name: str, verdict: str, variants: list[VariantResult]) -> Scenari
             "name": name,
             "file": f"scenarios/{name}.toml",
             "sha256": SCENARIO_SHA,
-            "settings": {"expect": {"tolerance": 0.05}},
+            "settings": {
+                "server": {"model": "builtin:tiny-llama", "tensor_parallel_size": 1, "enforce_eager": True},
+                "speculative": {"method": "draft_model", "num_speculative_tokens": 3},
+                "workload": {"repeats": 3, "max_tokens": 64},
+                "cycle": {"level": 2, "count": 2},
+                "expect": {"tolerance": 0.05, "min_speedup_recovery": 0.9},
+            },
+            "mode": "sequential",
         },
         verdict=verdict,
         started_at="2025-06-01T12:00:00Z",
         finished_at="2025-06-01T12:04:10Z",
-        host={"hostname": "ci-runner", "platform": "Linux-x86_64"},
+        host={"hostname": "ci-runner", "platform": "Linux-x86_64", "python": "3.11.7"},
         variants=variants,
         specwake_version="0.1.0",
     )
@@ -135,6 +162,8 @@ def graphed_gpu() -> ScenarioResult:
         error="POST /wake_up?tags=kv_cache answered 500: <html> error page",
         log_path="results/run/logs/baseline.log",
         log_excerpt="RuntimeError: CUDA error: an illegal memory access\n```inner fence```",
+        info={"gpus": [0, 1], "crash_lines": ["RuntimeError: CUDA error: an illegal memory access"]},
+        diagnostics=[],
     )
     unready = _variant(
         "patched|v2",
@@ -148,6 +177,8 @@ def graphed_gpu() -> ScenarioResult:
         error="server exited with code 1 before /health answered",
         log_excerpt="ImportError: cannot import name 'X'",
         patch_sha256=PATCH_SHA,
+        info={"gpus": [2, 3], "crash_lines": [], "timings": {"startup": 12.0}},
+        diagnostics=[],
     )
     return _scenario("eagle3-graphed", "error", [crashed, unready])
 
@@ -155,48 +186,171 @@ def graphed_gpu() -> ScenarioResult:
 # ------------------------------------------------------------ Markdown
 
 
+def _normalised(text: str) -> str:
+    return re.sub(r"started \S+?(?=</sub>)", "started <time>", text)
+
+
+def _table_rows(text: str, variant: str) -> list[list[str]]:
+    rows = [line for line in text.splitlines() if line.startswith(f"| {variant} ")]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip("|"))] for row in rows]
+
+
 def test_markdown_matches_golden_file() -> None:
-    text = render_markdown([tiny_cpu(), graphed_gpu()])
+    text = _normalised(render_markdown([tiny_cpu(), graphed_gpu()]))
     if os.environ.get("SPECWAKE_UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(text, encoding="utf-8")
     assert text == GOLDEN.read_text(encoding="utf-8")
 
 
-def test_markdown_verdict_line_and_variant_lines() -> None:
-    lines = render_markdown([tiny_cpu()]).splitlines()
-    assert lines[0] == "**specwake: PASS** — tiny-cpu: 2/2 variants as expected"
-    assert any(line.startswith("- baseline: collapse (expected collapse) ✓ — AL ") for line in lines)
-    assert EMULATED_NOTE in "\n".join(lines)
-
-
-def test_markdown_overall_verdict_is_the_worst() -> None:
-    failing = replace(tiny_cpu(), verdict="fail")
-    text = render_markdown([tiny_cpu(), graphed_gpu(), failing])
-    assert text.startswith("**specwake: FAIL**")
-    assert render_markdown([]).startswith("**specwake: ERROR** — no scenario results")
-
-
-def test_markdown_one_table_row_per_stage_in_order() -> None:
+def test_banner_counts_variants_and_names_the_failures() -> None:
+    assert render_markdown([tiny_cpu()]).splitlines()[0] == (
+        "## specwake: ✅ PASS — 1 scenario, 2/2 variants as expected"
+    )
     result = tiny_cpu()
-    rows = [line for line in render_markdown([result]).splitlines() if line.startswith("| ")]
-    stages = [(v.name, s) for v in result.variants for s in v.stages]
-    assert rows[1].startswith("| --- |")  # header, alignment row, then one row per stage
-    assert len(rows) == 2 + len(stages)
-    for row, (name, st) in zip(rows[2:], stages, strict=True):
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[:2] == [name, st.name]
-        assert cells[2] == f"{st.acceptance_length:.2f}"
-        assert cells[4] == f"{st.num_accepted_tokens}/{st.num_draft_tokens}"
-        assert cells[5] == f"{st.tok_s_median:.1f}"
+    wrong = replace(result.variants[1], outcome="collapse", matched=False)
+    failing = replace(result, verdict="fail", variants=[result.variants[0], wrong])
+    banner = render_markdown([failing, graphed_gpu()]).splitlines()[0]
+    assert banner.startswith("## specwake: ❌ FAIL — 2 scenarios, 2/4 variants as expected — ")
+    assert "tiny-cpu/patched collapse, expected recover" in banner
+    assert "eagle3-graphed/patched|v2 not measured (startup_failed)" in banner
+    assert render_markdown([graphed_gpu()]).startswith("## specwake: ⚠️ ERROR — 1 scenario, 1/2 variants")
+    assert render_markdown([]).startswith("## specwake: ⚠️ ERROR — 0 scenarios, 0/0 variants as expected")
+
+
+def test_stage_table_numbers_match_an_independent_computation() -> None:
+    result = tiny_cpu()
+    text = render_markdown([result])
+    for variant in result.variants:
+        rows = _table_rows(text, variant.name)
+        assert [r[1] for r in rows] == [s.name for s in variant.stages]
+        fresh = variant.stages[0]
+        for row, stage in zip(rows, variant.stages, strict=True):
+            samples = sorted(stage.tok_s)  # n=3 < 6: the interval is the full range
+            assert row[2] == f"{stage.acceptance_length:.2f}"
+            assert row[3] == str(stage.num_drafts)
+            assert row[4] == f"{stage.num_accepted_tokens}/{stage.num_draft_tokens}"
+            assert row[5] == f"{statistics.median(samples):.1f} [{samples[0]:.1f}, {samples[-1]:.1f}]"
+            if stage.cycle == 0:
+                assert row[6] == "–" and row[7] == "–"
+            else:
+                r = ratio(stage.tok_s, fresh.tok_s)
+                value = statistics.median(stage.tok_s) / statistics.median(fresh.tok_s)
+                assert row[6] == f"{value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
+                assert r.ci_low <= value <= r.ci_high
+                assert row[7] == "yes"
+
+
+def test_stage_table_has_stable_widths_and_stage_order() -> None:
+    result = tiny_cpu()
+    baseline = result.variants[0]
+    faster = [replace(s, tok_s=[x * 15 for x in s.tok_s]) for s in baseline.stages]  # 41 → 617 tok/s
+    shuffled = replace(baseline, stages=list(reversed(faster)))
+    other = replace(result, variants=[shuffled, result.variants[1]])
+    lines_a = [line for line in render_markdown([result]).splitlines() if line.startswith("| ")]
+    lines_b = [line for line in render_markdown([other]).splitlines() if line.startswith("| ")]
+    table_a, table_b = lines_a[: 2 + 6], lines_b[: 2 + 6]
+    assert [len(line) for line in table_a] == [len(line) for line in table_b]
+    assert [r[1] for r in _table_rows("\n".join(table_b), "baseline")] == ["fresh", "after L2 #1", "after L2 #2"]
+
+
+def _speed_variant(fresh: list[float], after: list[float]) -> VariantResult:
+    return _variant("v", "recover", "recover", [_stage(0, 64, 192, fresh, None), _stage(1, 64, 192, after, True)])
+
+
+def test_speed_call_kept_lost_inconclusive_follow_the_interval() -> None:
+    fresh = [100.0, 101.0, 99.0, 100.5]
+    assert speed_call(_speed_variant(fresh, [99.0, 100.0, 101.0, 100.0]), 0.9) == ("kept", [("after L2 #1", "kept")])
+    assert speed_call(_speed_variant(fresh, [50.0, 51.0, 49.0, 50.0]), 0.9) == ("lost", [("after L2 #1", "lost")])
+    straddles = _speed_variant(fresh, [80.0, 95.0, 100.0, 85.0])  # interval spans 0.9
+    assert speed_call(straddles, 0.9)[0] == "inconclusive"
+    too_few = _speed_variant(fresh, [50.0, 50.0])  # no interval with 2 samples: never guess
+    assert speed_call(too_few, 0.9)[0] == "inconclusive"
+    assert speed_call(_variant("v", "error", "recover", []), 0.9) is None
+
+
+def test_variant_lines_carry_outcome_explanation_and_speed_call() -> None:
+    text = render_markdown([tiny_cpu()])
+    assert "- **baseline**: collapse (expected collapse) ✓ — AL 4.00 → 1.00 → 1.00 (after L2 #1: " in text
+    assert "; tok/s after the cycles: **lost** (threshold 0.90× fresh)" in text
+    assert "- **patched**: recover (expected recover) ✓ — AL 4.00 → 4.00 → 3.92" in text
+    assert "; tok/s after the cycles: **kept** (threshold 0.90× fresh)" in text
+    assert EMULATED_NOTE in text
+
+
+def test_patched_over_baseline_ratio_line() -> None:
+    result = tiny_cpu()
+    base, patched = result.variants
+    top = [x for s in patched.stages[1:] for x in s.tok_s]
+    bottom = [x for s in base.stages[1:] for x in s.tok_s]
+    r = ratio(top, bottom)
+    value = statistics.median(top) / statistics.median(bottom)
+    line = f"- patched / baseline tok/s after the cycles: {value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
+    assert line + " (median over all post-cycle requests, n=6 vs 6)" in render_markdown([result])
+    assert "patched / baseline" not in render_markdown([graphed_gpu()])  # no post-cycle stages to compare
+
+
+def test_details_per_variant_with_positions_steps_diagnostics_and_command() -> None:
+    result = tiny_cpu()
+    text = render_markdown([result])
+    assert text.count("<details>") == text.count("</details>") == len(result.variants)
+    base = result.variants[0]
+    assert "| stage | pos 1 | pos 2 | pos 3 |" in text
+    per_pos = base.stages[0].num_accepted_tokens / base.stages[0].num_drafts / 3
+    assert f"| fresh | {per_pos:.2f} | {per_pos:.2f} | {per_pos:.2f} |" in text
+    assert "| 1 | sleep | 200 | 0.120 |" in text and "| 1 | discard | 200 | 0.050 |" in text
+    assert "- draft: 7/15 parameters all-zero or on meta after reload_weights" in text
+    assert "- device memory: n/a" in text
+    assert "- time: startup 30.2 s · measurement 7.5 s" in text
+    command = "VLLM_SERVER_DEV_MODE=1 /venv/bin/python -m vllm.entrypoints.openai.api_server"
+    assert f"```sh\n{command}\n```" in text
+
+
+def test_failed_step_is_marked_and_its_error_listed() -> None:
+    result = tiny_cpu()
+    failed = StepResult(1, "reload_weights", "POST", "/collective_rpc", 500, 1.5, False, "boom <here>", None)
+    variant = replace(result.variants[0], steps=[*result.variants[0].steps, failed])
+    text = render_markdown([replace(result, variants=[variant])])
+    assert "| 1 | reload_weights | 500 ✗ | 1.500 |" in text
+    assert "- cycle 1 reload_weights failed: boom &lt;here>" in text
+
+
+def test_crash_details_show_class_crash_lines_and_fenced_log() -> None:
+    text = render_markdown([graphed_gpu()])
+    assert "<summary>baseline: crash (step_failed), per-position acceptance, cycle steps, server command<" in text
+    assert "<summary>patched|v2: error (startup_failed), cycle steps, diagnostics, server command<" in text
+    assert "**crash** — class `step_failed`" in text
+    assert "Log lines that decided the class:\n\n```\nRuntimeError: CUDA error: an illegal memory access\n```" in text
+    assert "Log excerpt (`results/run/logs/baseline.log`):\n\n````\nRuntimeError: CUDA error" in text
+    assert "**error** — class `startup_failed`" in text and "ImportError: cannot import name 'X'" in text
+
+
+def test_provenance_footer() -> None:
+    result = graphed_gpu()
+    footer = provenance_line(result)
+    assert footer.startswith("<sub>specwake 0.1.0 · vLLM: baseline 0.32.0, patched|v2 – · ")
+    for part in (
+        f"patch sha256: patched|v2 {PATCH_SHA[:12]}",
+        f"scenario sha256: {SCENARIO_SHA[:12]}",
+        "Python 3.11.7",
+        "host ci-runner",
+        "GPUs: baseline 0,1; patched|v2 2,3",
+        "L2 discard: native",
+        "mode: sequential",
+        "tok/s CI: range (n&lt;6)",
+        "started 2025-06-01T12:00:00Z",
+    ):
+        assert part in footer, part
+    assert "GPUs" not in provenance_line(tiny_cpu())  # CPU runs have no GPUs to name
+    assert "ratio CI: bootstrap percentile 95% (2000 resamples, seed 0)" in provenance_line(tiny_cpu())
+    assert footer in render_markdown([result])
 
 
 def test_markdown_missing_values_are_dashes_and_native_runs_have_no_note() -> None:
     result = graphed_gpu()
     text = render_markdown([result])
     assert EMULATED_NOTE not in text
-    assert "| baseline | fresh | 3.20 | 50 | 110/150 | 88.0 | – |" in text
-    assert "| patched\\|v2 | no stage measured | – | – | – | – | – |" in text
-    assert "vLLM: baseline 0.32.0, patched|v2 –" in text
+    assert _table_rows(text, "baseline")[0] == ["baseline", "fresh", "3.20", "50", "110/150", "88.0 (n=1)", "–", "–"]
+    assert _table_rows(text, "patched\\|v2")[0] == ["patched\\|v2", "no stage measured", *["–"] * 6]
 
 
 def test_markdown_marks_stages_whose_counters_went_backwards() -> None:
@@ -208,8 +362,7 @@ def test_markdown_marks_stages_whose_counters_went_backwards() -> None:
     changed = replace(result, variants=[result.variants[0], replace(patched, stages=stages)])
     text = render_markdown([changed])
     assert RESET_NOTE in text
-    assert f"| patched | {restarted.name} | {restarted.acceptance_length:.2f} † |" in text
-    assert text.count(" † |") == 1
+    assert [r[2] for r in _table_rows(text, "patched")] == ["4.00", "4.00 †", "3.92"]
 
 
 def test_markdown_of_a_partial_result_marks_the_running_variant() -> None:
@@ -217,18 +370,22 @@ def test_markdown_of_a_partial_result_marks_the_running_variant() -> None:
     running = replace(result.variants[1], outcome="incomplete", matched=False)
     partial = replace(result, variants=[result.variants[0], running], complete=False)
     text = render_markdown([partial])
-    assert "### tiny-cpu — PASS (incomplete run)" in text
-    assert "- patched: incomplete (expected recover) … — not finished; AL 4.00" in text
-
-
-def test_markdown_log_fence_outgrows_backticks_in_the_excerpt() -> None:
-    text = render_markdown([graphed_gpu()])
-    assert "````\nRuntimeError: CUDA error" in text
+    assert "### tiny-cpu — ✅ PASS (incomplete run)" in text
+    assert "- **patched**: incomplete (expected recover) … — not finished; AL 4.00" in text
+    assert "tiny-cpu/patched unfinished" in text.splitlines()[0]
 
 
 def test_markdown_free_text_cannot_inject_html() -> None:
     text = render_markdown([graphed_gpu()])
-    assert "<html>" not in text and "&lt;html> error page" in text
+    outside_fences = re.sub(r"(`{3,})[^\n]*\n.*?\n\1\n", "", text, flags=re.S)  # code blocks show text as is
+    assert "<html>" not in outside_fences and "&lt;html> error page" in outside_fences
+    assert "answered 500: <html> error page\n```" in text
+
+
+def test_render_json_is_a_list_of_result_objects() -> None:
+    results = [tiny_cpu(), graphed_gpu()]
+    data = json.loads(render_json(results))
+    assert isinstance(data, list) and [from_dict(d) for d in data] == results
 
 
 # ------------------------------------------------------------ frame and files
@@ -242,6 +399,18 @@ def test_stages_frame_columns_and_rows() -> None:
     first = results[0].variants[0].stages[0]
     assert frame.iloc[0]["acceptance_rate"] == pytest.approx(first.num_accepted_tokens / first.num_draft_tokens)
     assert stages_frame([]).columns.tolist() == list(STAGE_COLUMNS)
+
+
+def test_render_csv_carries_intervals_and_ratio_to_fresh() -> None:
+    result = tiny_cpu()
+    frame = pd.read_csv(io.StringIO(render_csv([result])))
+    assert list(frame.columns) == list(STAGE_COLUMNS) and len(frame) == 6
+    base = result.variants[0]
+    after = frame[(frame["variant"] == "baseline") & (frame["cycle"] == 1)].iloc[0]
+    expected = statistics.median(base.stages[1].tok_s) / statistics.median(base.stages[0].tok_s)
+    assert after["tok_s_vs_fresh"] == pytest.approx(expected)
+    assert after["tok_s_ci_low"] == min(base.stages[1].tok_s) and after["tok_s_ci_high"] == max(base.stages[1].tok_s)
+    assert pd.isna(frame.iloc[0]["tok_s_vs_fresh"])  # the fresh stage has no ratio to itself
 
 
 def test_write_run_files_and_load_round_trip(tmp_path: Path) -> None:
@@ -280,7 +449,9 @@ def test_old_sample_result_still_loads() -> None:
     assert [v.name for v in result.variants] == [v["name"] for v in raw["variants"]]
     stages = result.variants[0].stages
     assert [s.acceptance_length for s in stages] == [s["acceptance_length"] for s in raw["variants"][0]["stages"]]
-    assert render_markdown([result]).startswith(f"**specwake: {raw['verdict'].upper()}**")
+    text = render_markdown([result])
+    assert text.startswith(f"## specwake: ✅ {raw['verdict'].upper()}")
+    assert "mode: –" in text and "<details>" in text  # older results lack run mode and diagnostics
 
 
 # ------------------------------------------------------------ load errors

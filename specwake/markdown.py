@@ -1,0 +1,40 @@
+"""Small Markdown helpers shared by every renderer: number cells, escaping, code fences.
+
+Pure string functions; nothing here knows about results.
+"""
+
+from __future__ import annotations
+
+MISSING = "–"
+SHORT_SHA = 12
+
+
+def num(value: float | None, digits: int) -> str:
+    return MISSING if value is None else f"{value:.{digits}f}"
+
+
+def inline(text: str) -> str:
+    """Free text made safe for one Markdown line (no raw HTML tags, no line breaks)."""
+    return text.replace("<", "&lt;").replace("\n", " ")
+
+
+def cell(text: str) -> str:
+    """Free text made safe for one table cell."""
+    return inline(text).replace("|", "\\|")
+
+
+def short_sha(sha: str | None) -> str:
+    return sha[:SHORT_SHA] if sha else MISSING
+
+
+def fence(text: str) -> str:
+    """A code fence longer than any run of backticks inside `text`."""
+    ticks = 3
+    while "`" * ticks in text:
+        ticks += 1
+    return "`" * ticks
+
+
+def fenced(text: str, lang: str = "") -> list[str]:
+    marker = fence(text)
+    return [marker + lang, text.rstrip("\n"), marker]

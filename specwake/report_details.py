@@ -1,0 +1,91 @@
+"""The collapsed `<details>` block under a variant's line in the PR report: failure evidence, per-position
+acceptance, cycle step timings, diagnostics and the exact server command.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from specwake.diagnose import draft_zero_line, memory_line
+from specwake.markdown import MISSING, cell, fenced, inline
+from specwake.results import StageResult, VariantResult
+
+
+def _stages(variant: VariantResult) -> list[StageResult]:
+    return sorted(variant.stages, key=lambda s: s.cycle)
+
+
+def _position_table(variant: VariantResult) -> list[str]:
+    stages = _stages(variant)
+    k = max((len(s.per_position) for s in stages), default=0)
+    if k == 0:
+        return []
+    lines = ["Acceptance rate per draft position:", ""]
+    lines += ["| stage | " + " | ".join(f"pos {p + 1}" for p in range(k)) + " |", "| --- |" + " ---: |" * k]
+    for s in stages:
+        rates = [f"{r:.2f}" for r in s.per_position] + [MISSING] * (k - len(s.per_position))
+        lines.append(f"| {cell(s.name)} | " + " | ".join(rates) + " |")
+    return lines + [""]
+
+
+def _step_table(variant: VariantResult) -> list[str]:
+    if not variant.steps:
+        return []
+    lines = ["Cycle steps:", "", "| cycle | step | HTTP | seconds |", "| ---: | --- | ---: | ---: |"]
+    for st in variant.steps:
+        status = MISSING if st.status is None else str(st.status)
+        lines.append(f"| {st.cycle} | {cell(st.name)} | {status}{'' if st.ok else ' ✗'} | {st.seconds:.3f} |")
+    lines += [inline(f"- cycle {st.cycle} {st.name} failed: {st.error}") for st in variant.steps if st.error]
+    return lines + [""]
+
+
+def _diagnostic_lines(variant: VariantResult) -> list[str]:
+    timings = variant.info.get("timings") if isinstance(variant.info, dict) else None
+    lines = []
+    if isinstance(timings, dict) and timings:
+        parts = [f"{k.replace('_', ' ')} {v:.1f} s" for k, v in timings.items() if isinstance(v, int | float)]
+        lines.append("- time: " + " · ".join(parts))
+    if variant.diagnostics:
+        lines += [f"- {line}" for line in (draft_zero_line(variant.diagnostics), memory_line(variant.diagnostics))]
+        lines += [f"- diagnostic at {e.get('point')} failed: {e['error']}" for e in variant.diagnostics if "error" in e]
+    return [inline(line) for line in lines if line is not None]
+
+
+def _failure_lines(variant: VariantResult) -> list[str]:
+    if variant.outcome not in ("crash", "error"):
+        return []
+    default = "startup_failed" if variant.outcome == "error" else "unknown"
+    lines = [f"**{variant.outcome}** — class `{variant.crash_class or default}`", ""]
+    if variant.error:
+        lines += ["Error:", "", *fenced(variant.error), ""]
+    crash_lines = variant.info.get("crash_lines") if isinstance(variant.info, dict) else None
+    if crash_lines:
+        lines += ["Log lines that decided the class:", "", *fenced("\n".join(map(str, crash_lines))), ""]
+    where = f" (`{inline(variant.log_path)}`)" if variant.log_path else ""
+    lines += [f"Log excerpt{where}:", "", *fenced(variant.log_excerpt or "(no log excerpt)"), ""]
+    return lines
+
+
+def _command(variant: VariantResult) -> list[str]:
+    if not variant.command:
+        return []
+    env = " ".join(shlex.quote(f"{k}={v}") for k, v in variant.env.items())
+    return ["Server command:", "", *fenced((env + " " if env else "") + shlex.join(variant.command), "sh")]
+
+
+def details(variant: VariantResult) -> list[str]:
+    """A collapsed block of the evidence behind a variant's line; its summary names the sections it holds."""
+    diag = _diagnostic_lines(variant)
+    sections = [
+        (f"{variant.outcome} ({variant.crash_class or 'unknown'})", _failure_lines(variant)),
+        ("per-position acceptance", _position_table(variant)),
+        ("cycle steps", _step_table(variant)),
+        ("diagnostics", ["Diagnostics:", "", *diag, ""] if diag else []),
+        ("server command", _command(variant)),
+    ]
+    present = [(title, lines) for title, lines in sections if lines]
+    if not present:
+        return []
+    summary = f"{variant.name}: " + ", ".join(title for title, _ in present)
+    body = [line for _, lines in present for line in lines]
+    return ["<details>", f"<summary>{inline(summary)}</summary>", "", *body, "</details>"]
