@@ -18,10 +18,9 @@ from specwake.compare import render_comparison_markdown
 from specwake.console import Ui
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, InputError, Interrupted, SpecwakeError
 from specwake.plot import render_plot
-from specwake.prepare import describe, plan_variant, prepare
 from specwake.report import render_csv, render_json, render_markdown
-from specwake.scenario import Overrides, load_scenario
-from specwake.session import RunRequest, execute, load_results
+from specwake.scenario import Overrides
+from specwake.session import RunRequest, check_all, execute, load_results
 from specwake.tinymodel import BUILTIN_MODELS, cache_dir, ensure_builtin_model
 
 app = typer.Typer(
@@ -105,6 +104,9 @@ def check(
     tp: Annotated[int | None, typer.Option(min=1, help="Tensor parallel size (overrides the files).")] = None,
     variant: Annotated[list[str] | None, typer.Option("--variant", help="Check only this variant.")] = None,
     patch: Annotated[Path | None, typer.Option(help="Diff for the `patched` variant.")] = None,
+    gpus: Annotated[
+        str | None, typer.Option(help="GPUs to plan the packing onto, e.g. 0-7 (default: all visible).")
+    ] = None,
     no_gpu_check: Annotated[
         bool, typer.Option("--no-gpu-check", help="Report missing GPUs / sleep mode instead of failing (exit 0).")
     ] = False,
@@ -115,16 +117,12 @@ def check(
         ui.error(f"--patch: file not found: {patch}")
         raise typer.Exit(EXIT_INPUT)
     overrides = Overrides(tp=tp, variants=tuple(variant or ()), patch=patch)
-    problems = []
     try:
-        for path in scenarios:
-            scenario = load_scenario(path, overrides)
-            prepared = prepare(scenario, cache_dir(), ui.event)
-            plans = [plan_variant(scenario, p, port=0) for p in prepared]
-            ui.report(describe(scenario, prepared, plans))
-            problems += [p.platform_problem for p in prepared if p.platform_problem]
+        outcome = check_all(scenarios, overrides, cache_dir(), ui.event, gpus=gpus)
     except SpecwakeError as exc:
         _fail(ui, exc)
+    ui.report(outcome.text)
+    problems = outcome.problems
     if problems and not no_gpu_check:
         ui.error(f"{len(problems)} variant(s) cannot run on this machine (see NOT RUNNABLE HERE above)")
         raise typer.Exit(EXIT_INFRA)

@@ -39,10 +39,16 @@ except Exception:
     out["sleep_mode"] = False
 try:
     import torch
-    out["torch_version"] = torch.__version__
-    out["device_count"] = torch.cuda.device_count() if out["platform"] in ("cuda", "rocm") else 0
+    out["torch_version"] = str(torch.__version__)
 except Exception:
-    out["torch_version"], out["device_count"] = None, 0
+    out["torch_version"] = None
+out["device_count"] = 0
+if out["platform"] in ("cuda", "rocm"):
+    try:  # vLLM's own count honours CUDA_VISIBLE_DEVICES without initialising CUDA
+        out["device_count"] = int(p.device_count())
+    except Exception:
+        import torch
+        out["device_count"] = torch.cuda.device_count()
 out["cpu_count"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 print("SPECWAKE_PROBE " + json.dumps(out))
 """

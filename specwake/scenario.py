@@ -312,6 +312,9 @@ def _apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any
         raw.setdefault("cycle", {})["count"] = overrides.cycles
     if overrides.tp is not None and isinstance(raw.get("server"), dict):
         raw["server"]["tensor_parallel_size"] = overrides.tp
+        spec = raw.get("speculative")
+        if isinstance(spec, dict) and "draft_tensor_parallel_size" in spec:
+            raw["speculative"] = {**spec, "draft_tensor_parallel_size": overrides.tp}
     return raw
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from specwake.errors import InputError, ResultsUnwritable
 from specwake.junit import write_junit
-from specwake.prepare import PreparedVariant, inspect_patches, prepare, require_runnable
+from specwake.prepare import PreparedVariant, describe, inspect_patches, plan_variant, prepare, require_runnable
 from specwake.report import REPORT_FILE, RESULT_FILE, load_result, render_markdown
 from specwake.results import ScenarioResult, VariantResult
 from specwake.runner import check_writable, make_run_dir, run_packed_scenarios, run_scenario
 from specwake.scenario import Overrides, Scenario, load_scenario
-from specwake.schedule import parse_gpu_list
+from specwake.schedule import Job, parse_gpu_list, plan_schedule
 from specwake.verdict import INCOMPLETE, exit_code
 
 Events = Callable[[str], None]
@@ -67,6 +67,8 @@ def _previous(resume: Path, scenarios: Sequence[Scenario]) -> dict[str, Scenario
         old = found.get(scenario.name)
         if old is not None and old.scenario.get("sha256") != scenario.sha256:
             raise InputError(f"--resume: {scenario.file} changed since {resume} was run (scenario sha256 differs)")
+        if old is not None and old.scenario.get("settings", {}).get("cycle") != scenario.settings()["cycle"]:
+            raise InputError(f"--resume: {scenario.name}: cycle settings differ from the interrupted run (same flags?)")
     if not found:
         raise InputError(f"--resume: no {RESULT_FILE} in {resume}")
     return found
@@ -190,3 +192,40 @@ def load_results(path: Path) -> list[ScenarioResult]:
     if scenario_dirs:
         return [load_result(p) for p in scenario_dirs]
     raise InputError(f"{path}: no {RESULT_FILE} here or in its run folders")
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    text: str  # what `run` would start, scenario by scenario
+    problems: list[str]  # why some variants cannot run on this machine
+
+
+def check_all(
+    paths: Sequence[Path], overrides: Overrides, cache: Path, events: Events, *, gpus: str | None = None
+) -> CheckOutcome:
+    """Everything `run` resolves before launching, for every scenario, plus the GPU assignment packing would
+    choose; launches no server. Input problems raise (exit 2), a missing engine raises (exit 3)."""
+    inventory = _parse_gpus(gpus)
+    scenarios = [load_scenario(path, overrides) for path in paths]
+    for scenario in scenarios:
+        inspect_patches(scenario)
+    prepared = [prepare(s, cache, events, gpus=inventory) for s in scenarios]
+    problems = [p.platform_problem for variants in prepared for p in variants if p.platform_problem]
+    assigned: dict[str, tuple[int, ...]] = {}
+    if any(p.engine.is_gpu for variants in prepared for p in variants) and not problems:
+        jobs = [
+            Job(f"{s.name}/{p.variant.name}", s.server.tensor_parallel_size)
+            for s, ps in zip(scenarios, prepared, strict=True)
+            for p in ps
+        ]
+        try:
+            plan = plan_schedule(jobs, inventory if inventory is not None else _visible_gpus(prepared))
+        except ValueError as exc:
+            problems.append(str(exc))
+        else:
+            assigned = {a.job.key: a.gpus for a in plan}
+    texts = []
+    for scenario, variants in zip(scenarios, prepared, strict=True):
+        plans = [plan_variant(scenario, p, 0, assigned.get(f"{scenario.name}/{p.variant.name}", ())) for p in variants]
+        texts.append(describe(scenario, variants, plans))
+    return CheckOutcome("\n".join(texts), problems)

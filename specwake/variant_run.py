@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from specwake import diagnose
-from specwake.client import VllmClient
+from specwake.client import Completion, VllmClient
 from specwake.crashes import classify
 from specwake.cycle import run_cycle
 from specwake.errors import ServerFault, StartupFailed
@@ -184,7 +184,13 @@ class VariantRun:
         self.events(f"{self.name}: stage {label}")
         fresh = self.stages[0] if cycle > 0 and self.stages else None
         t0 = self.clock()
-        result = run_stage(client, workload, name=label, cycle=cycle, fresh=fresh)
+        done: list[float] = []
+
+        def on_request(completion: Completion) -> None:
+            done.append(completion.tok_s)
+            self.events(f"{self.name}: {label}: request {len(done)}/{w.repeats}: {completion.tok_s:.1f} tok/s")
+
+        result = run_stage(client, workload, name=label, cycle=cycle, fresh=fresh, on_request=on_request)
         self._timed("measurement", self.clock() - t0)
         self.stages.append(result)
         al = "–" if result.acceptance_length is None else f"{result.acceptance_length:.2f}"

@@ -1,6 +1,7 @@
 """Shared pytest fixtures for specwake's tests.
 
-Sections: process-leak check (servers started through specwake.server must leave nothing).
+Sections: process-leak check (servers started through specwake.server must leave nothing). The /proc
+scans and the real-engine gate themselves live in tests/procs.py, shared with the end-to-end modules.
 """
 
 from __future__ import annotations
@@ -8,35 +9,20 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import pytest
+
+from tests.procs import leftover_processes
+
+__all__ = ["assert_no_leftover_processes", "leak_check", "leftover_processes"]
 
 # --------------------------------------------------------------------------------------------
 # Process-leak check
 #
-# Independent of specwake.server on purpose: it reads /proc itself, so a bug in the code under
-# test cannot hide its own leak. Use `pytestmark = pytest.mark.usefixtures("leak_check")` in a
+# Independent of specwake.server on purpose: it reads /proc itself (tests/procs.py), so a bug in the
+# code under test cannot hide its own leak. Use `pytestmark = pytest.mark.usefixtures("leak_check")` in a
 # test module, or call `assert_no_leftover_processes(pgids)` directly.
 # --------------------------------------------------------------------------------------------
-
-
-def leftover_processes(pgids: Iterable[int]) -> list[tuple[int, int, str, str]]:
-    """(pid, pgid, state, name) of every non-zombie process whose group is one of ``pgids``."""
-    wanted = set(pgids)
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # the process ended while we looked
-            continue
-        name = stat[stat.find("(") + 1 : stat.rfind(")")]
-        state, _ppid, pgrp = stat[stat.rfind(")") + 1 :].split()[:3]
-        if int(pgrp) in wanted and state != "Z":
-            found.append((int(entry.name), int(pgrp), state, name))
-    return found
 
 
 def assert_no_leftover_processes(pgids: Iterable[int]) -> None:

@@ -1,7 +1,8 @@
 """A throwaway fake "interpreter with vLLM" for driving the real specwake CLI against fake servers in seconds.
 
 `make_fake_engine(tmp)` writes `bin/python` (execs this Python with a tiny fake `vllm` package on PYTHONPATH)
-whose `vllm.entrypoints.openai.api_server` runs tests/fake_server.py; helpers write scenarios and scan /proc.
+whose `vllm.entrypoints.openai.api_server` runs tests/fake_server.py and records each server's life (start, exit,
+CUDA_VISIBLE_DEVICES); FAKE_VLLM_PLATFORM=cuda makes it a GPU machine. Helpers write scenarios, find survivors.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import textwrap
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from tests.procs import processes_with_env
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -36,7 +40,7 @@ FIX_DIFF = f"""\
 
 _API_SERVER = '''\
 """Fake `vllm.entrypoints.openai.api_server`: accept vLLM's flags, serve tests/fake_server.py."""
-import argparse, os, shlex, sys, time
+import argparse, atexit, json, os, shlex, signal, sys, time
 
 from vllm import drafter_reload
 
@@ -45,6 +49,31 @@ token = os.environ.get("HF_TOKEN")
 token_sha = hashlib.sha256(token.encode()).hexdigest() if token is not None else "-"
 with open({launches!r}, "a") as fh:
     fh.write(f"{{os.getpid()}} {{time.time()}} hf_token_sha256={{token_sha}} {{shlex.join(sys.argv[1:])}}\\n")
+
+
+def lifecycle(event, **fields):
+    """One JSON line per start / exit of this server (O_APPEND: lines of servers running at once never mix)."""
+    line = json.dumps({{"event": event, "pid": os.getpid(), "t": time.time(), **fields}}) + "\\n"
+    fd = os.open({servers!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def on_sigterm(signum, frame):
+    lifecycle("exit", how="SIGTERM")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)  # die of the signal, exactly as without this handler
+
+
+try:
+    log = os.readlink("/proc/self/fd/1")  # specwake sends our output to logs/<variant>.log of the scenario
+except OSError:
+    log = None
+lifecycle("start", cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), log=log, argv=sys.argv[1:])
+signal.signal(signal.SIGTERM, on_sigterm)  # fake_server's --ignore-sigterm replaces it, as it should
+atexit.register(lifecycle, "exit", how="exit")
 parser = argparse.ArgumentParser()
 parser.add_argument("--host", required=True)
 parser.add_argument("--port", type=int, required=True)
@@ -60,7 +89,12 @@ argv += shlex.split(os.environ.get("FAKE_VLLM_ARGS", ""))
 fake_server.main(argv)
 '''
 
+# FAKE_VLLM_PLATFORM=cuda in the environment of specwake (its probe runs with it) makes the fake engine a
+# CUDA machine with FAKE_VLLM_GPUS devices (default 4) and real sleep mode; anything else: CPU, no sleep mode.
 _PLATFORMS = """\
+import os
+
+
 class _CpuPlatform:
     device_type = "cpu"
 
@@ -68,8 +102,57 @@ class _CpuPlatform:
         return False
 
 
-current_platform = _CpuPlatform()
+class _CudaPlatform:
+    device_type = "cuda"
+
+    def is_sleep_mode_available(self):
+        return True
+
+    def device_count(self):
+        return int(os.environ.get("FAKE_VLLM_GPUS", "4"))
+
+
+current_platform = _CudaPlatform() if os.environ.get("FAKE_VLLM_PLATFORM") == "cuda" else _CpuPlatform()
 """
+
+
+@dataclass(frozen=True)
+class ServerSpan:
+    """One fake server's life as it recorded it: wall-clock start and exit, GPUs it was given, its log."""
+
+    pid: int
+    start: float
+    end: float | None  # None: never recorded an exit (SIGKILL, os._exit): treated as still running
+    gpus: tuple[int, ...] | None  # from CUDA_VISIBLE_DEVICES; None when unset
+    log: Path | None
+    how: str | None  # "SIGTERM" or "exit"
+
+    @property
+    def key(self) -> str:
+        """`<scenario folder>/<variant>` from the log path specwake gave it (`<folder>/logs/<variant>.log`)."""
+        return f"{self.log.parent.parent.name}/{self.log.stem}" if self.log else f"pid {self.pid}"
+
+    def overlaps(self, other: ServerSpan) -> bool:
+        inf = float("inf")
+        return self.start < (other.end or inf) and other.start < (self.end or inf)
+
+
+def parse_spans(lines: list[str]) -> list[ServerSpan]:
+    """The JSON lines of `FakeEngine.server_log` → one span per server, in start order."""
+    starts: dict[int, dict[str, Any]] = {}
+    exits: dict[int, dict[str, Any]] = {}
+    for line in lines:
+        record = json.loads(line)
+        (starts if record["event"] == "start" else exits)[record["pid"]] = record
+    spans = []
+    for pid, rec in starts.items():
+        end = exits.get(pid, {})
+        devices = rec.get("cuda_visible_devices")
+        gpus = tuple(int(g) for g in devices.split(",") if g) if devices is not None else None
+        spans.append(
+            ServerSpan(pid, rec["t"], end.get("t"), gpus, Path(rec["log"]) if rec.get("log") else None, end.get("how"))
+        )
+    return sorted(spans, key=lambda span: span.start)
 
 
 @dataclass(frozen=True)
@@ -77,7 +160,7 @@ class FakeEngine:
     root: Path
     python: Path  # the executable to name in `python = "..."`
     package: Path  # the fake vllm package folder
-    launches: Path  # one line per fake server started: "pid time argv"
+    launches: Path  # one line per fake server started: "pid time hf_token_sha256=... argv"
     mark: str  # value of MARK_NAME in every process it started
 
     def invocations(self) -> list[str]:
@@ -87,6 +170,14 @@ class FakeEngine:
 
     def launched(self) -> list[str]:
         return self.launches.read_text().splitlines() if self.launches.exists() else []
+
+    @property
+    def server_log(self) -> Path:
+        """JSON lines written by every fake server: {"event": "start"|"exit", "pid", "t", ...}."""
+        return self.root / "servers.jsonl"
+
+    def servers(self) -> list[ServerSpan]:
+        return parse_spans(self.server_log.read_text().splitlines() if self.server_log.exists() else [])
 
     def survivors(self) -> list[tuple[int, str]]:
         return processes_with_env(MARK_NAME, self.mark)
@@ -110,7 +201,9 @@ def make_fake_engine(tmp: Path) -> FakeEngine:
         "platforms/__init__.py": _PLATFORMS,
         "entrypoints/__init__.py": "",
         "entrypoints/openai/__init__.py": "",
-        "entrypoints/openai/api_server.py": _API_SERVER.format(launches=str(launches), tests=str(TESTS)),
+        "entrypoints/openai/api_server.py": _API_SERVER.format(
+            launches=str(launches), servers=str(root / "servers.jsonl"), tests=str(TESTS)
+        ),
     }
     for rel, text in files.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -190,24 +283,6 @@ def run_cli(args: list[str], cache: Path, timeout: float = 120, **extra: str) ->
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
-
-
-def processes_with_env(name: str, value: str) -> list[tuple[int, str]]:
-    """(pid, name) of live, non-zombie processes whose environment holds NAME=VALUE."""
-    needle = f"{name}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle not in (entry / "environ").read_bytes():
-                continue
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2] != "Z":
-            found.append((int(entry.name), stat[stat.find("(") + 1 : stat.rfind(")")]))
-    return found
 
 
 def kill_survivors(engine: FakeEngine) -> list[tuple[int, str]]:

@@ -8,7 +8,6 @@ is unset.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,37 +18,13 @@ from typing import Any
 
 import pytest
 
+from tests.procs import processes_with_env, require_module
+
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = "tests/data/crash-cpu.toml"
-REQUIRE = os.environ.get("SPECWAKE_REQUIRE_VLLM") == "1"
-
-if importlib.util.find_spec("vllm") is None:
-    if REQUIRE:
-        raise RuntimeError("SPECWAKE_REQUIRE_VLLM=1 but vLLM is not importable: the real-engine tests must run")
-    pytest.skip(
-        "vLLM is not installed (set SPECWAKE_REQUIRE_VLLM=1 to make this a failure)",
-        allow_module_level=True,
-    )
+require_module("vllm")
 
 pytestmark = pytest.mark.vllm
-
-
-def live_processes_with_env(name: str, value: str) -> list[tuple[int, str]]:
-    """(pid, name) of live, non-zombie processes whose environment holds NAME=VALUE."""
-    needle = f"{name}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle not in (entry / "environ").read_bytes():
-                continue
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2] != "Z":
-            found.append((int(entry.name), stat[stat.find("(") + 1 : stat.rfind(")")]))
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +40,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         text=True,
         timeout=1200,
     )
-    leftovers = live_processes_with_env(mark_name, mark_value)
+    leftovers = processes_with_env(mark_name, mark_value)
     runs = sorted(out.iterdir())
     assert len(runs) == 1, f"expected one run folder, got {runs}\nstderr:\n{proc.stderr[-4000:]}"
     result_path = runs[0] / "result.json"

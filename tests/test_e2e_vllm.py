@@ -6,7 +6,6 @@ when vLLM is not installed and SPECWAKE_REQUIRE_VLLM is unset; in CI it is set, 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,44 +17,19 @@ from typing import Any
 import pandas as pd
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-REQUIRE = os.environ.get("SPECWAKE_REQUIRE_VLLM") == "1"
+from tests.procs import processes_with_env, require_module
 
-if importlib.util.find_spec("vllm") is None:
-    if REQUIRE:
-        raise RuntimeError("SPECWAKE_REQUIRE_VLLM=1 but vLLM is not importable: the real-engine tests must run")
-    pytest.skip(
-        "vLLM is not installed (set SPECWAKE_REQUIRE_VLLM=1 to make this a failure)",
-        allow_module_level=True,
-    )
+REPO = Path(__file__).resolve().parent.parent
+require_module("vllm")
 
 pytestmark = pytest.mark.vllm
-
-
-def processes_with_marker(marker: str) -> list[tuple[int, str]]:
-    """(pid, name) of live processes whose environment carries the marker."""
-    found = []
-    needle = marker.encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle not in (entry / "environ").read_bytes():
-                continue
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2] != "Z":
-            found.append((int(entry.name), stat[stat.find("(") + 1 : stat.rfind(")")]))
-    return found
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("results")
-    marker = f"VLLM_SPECWAKE_TEST_MARK={uuid.uuid4().hex}"  # VLLM_* passes the env allow-list to servers
-    env = dict(os.environ)
-    env[marker.split("=")[0]] = marker.split("=")[1]
+    mark_name, mark_value = "VLLM_SPECWAKE_TEST_MARK", uuid.uuid4().hex  # VLLM_* passes the env allow-list
+    env = {**os.environ, mark_name: mark_value}
     proc = subprocess.run(
         [
             sys.executable,
@@ -72,7 +46,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         text=True,
         timeout=1500,
     )
-    leftovers = processes_with_marker(marker)
+    leftovers = processes_with_env(mark_name, mark_value)
     runs = sorted(out.iterdir())
     assert len(runs) == 1, f"expected one run folder, got {runs}\nstderr:\n{proc.stderr[-4000:]}"
     result_path = runs[0] / "result.json"

@@ -69,6 +69,14 @@ def test_prompt_files_relative_to_scenario(tmp_path: Path) -> None:
     assert jsonl.prompts == ("a", "b")
 
 
+def test_tp_override_reaches_a_named_draft_tp(tmp_path: Path) -> None:
+    text = MINIMAL.replace("num_speculative_tokens = 3", "num_speculative_tokens = 3\ndraft_tensor_parallel_size = 1")
+    s = load_scenario(write(tmp_path, text), Overrides(tp=4))
+    assert s.server.tensor_parallel_size == 4 and s.speculative["draft_tensor_parallel_size"] == 4
+    plain = load_scenario(write(tmp_path, MINIMAL, "plain.toml"), Overrides(tp=4))
+    assert "draft_tensor_parallel_size" not in plain.speculative
+
+
 def test_overrides_apply(tmp_path: Path) -> None:
     diff = tmp_path / "fix.diff"
     diff.write_text("x")
