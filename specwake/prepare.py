@@ -92,7 +92,7 @@ def prepare(
         python = resolve_python(variant.python)
         if python not in engines:
             events(f"probing vLLM in {python}")
-            engines[python] = probe_engine(python)
+            engines[python] = probe_engine(python, cache)
         engine = engines[python]
         overlay = patch_sha = None
         if variant.patch is not None:

@@ -228,6 +228,8 @@ def scenario_text(
     expect: dict[str, str] | None = None,
     patch: str | None = None,
     model: str = "fake-model",
+    name: str | None = None,
+    tensor_parallel_size: int = 1,
     cycles: int = 1,
     repeats: int = 2,
     request_timeout_s: float = 20,
@@ -238,9 +240,11 @@ def scenario_text(
 ) -> str:
     """A small scenario TOML on the fake engine. `variants`: name → env (FAKE_VLLM_* settings)."""
     variants = variants if variants is not None else {"baseline": {}}
-    lines = [
+    lines = [f"name = {json.dumps(name)}"] if name is not None else []
+    lines += [
         "[server]",
         f"model = {json.dumps(model)}",
+        f"tensor_parallel_size = {tensor_parallel_size}",
         f"startup_timeout_s = {startup_timeout_s}",
         f"env = {_inline(server_env or {})}",
         "[speculative]",
