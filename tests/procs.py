@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 REQUIRE_ENV = "SPECWAKE_REQUIRE_VLLM"
+SERVER_MARK = "VLLM_SPECWAKE_TEST_MARK"  # set in specwake's env; VLLM_* passes its allow-list to every server
 
 
 def require_module(module: str = "vllm") -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from tests.procs import processes_with_env, require_module
+from tests.procs import SERVER_MARK, processes_with_env, require_module
 
 REPO = Path(__file__).resolve().parent.parent
 require_module("vllm")
@@ -28,8 +28,8 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("results")
-    mark_name, mark_value = "VLLM_SPECWAKE_TEST_MARK", uuid.uuid4().hex  # VLLM_* passes the env allow-list
-    env = {**os.environ, mark_name: mark_value}
+    mark_value = uuid.uuid4().hex
+    env = {**os.environ, SERVER_MARK: mark_value}
     proc = subprocess.run(
         [
             sys.executable,
@@ -46,7 +46,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         text=True,
         timeout=1500,
     )
-    leftovers = processes_with_env(mark_name, mark_value)
+    leftovers = processes_with_env(SERVER_MARK, mark_value)
     runs = sorted(out.iterdir())
     assert len(runs) == 1, f"expected one run folder, got {runs}\nstderr:\n{proc.stderr[-4000:]}"
     result_path = runs[0] / "result.json"

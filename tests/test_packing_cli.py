@@ -264,7 +264,7 @@ def test_tp_larger_than_the_gpus_exits_3_naming_both_numbers(engine: FakeEngine,
     paths = write_scenarios(engine, tmp_path)
     out = tmp_path / "out"
     args = ["run", *map(str, paths), "--tp", "8", "--gpus", "0-3", "--output", str(out)]
-    proc = run_cli(args, tmp_path / "cache", **CUDA)
+    proc = run_cli(args, tmp_path / "cache", 120, **CUDA)
     assert proc.returncode == 3, proc.stderr
     error = next(line for line in proc.stderr.splitlines() if line.startswith("error:"))
     assert re.search(r"\b8\b", error) and re.search(r"\b4\b", error), error
@@ -279,7 +279,7 @@ def test_bad_gpu_list_exits_2_with_one_line(
 ) -> None:
     paths = write_scenarios(engine, tmp_path)
     extra = ["--output", str(tmp_path / "out")] if command == "run" else []
-    proc = run_cli([command, *map(str, paths), f"--gpus={gpus}", *extra], tmp_path / "cache", **CUDA)
+    proc = run_cli([command, *map(str, paths), f"--gpus={gpus}", *extra], tmp_path / "cache", 120, **CUDA)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --gpus:") and reason in lines[0], lines
@@ -309,9 +309,8 @@ def test_check_prints_the_packing_plan(
     engine: FakeEngine, tmp_path: Path, flags: list[str], gpus: tuple[int, ...], visible: str
 ) -> None:
     paths = write_scenarios(engine, tmp_path)
-    proc = run_cli(
-        ["check", *map(str, paths), *flags], tmp_path / "cache", **{**CUDA, "FAKE_VLLM_GPUS": visible}
-    )  # without --gpus: every GPU the engine sees
+    env = {**CUDA, "FAKE_VLLM_GPUS": visible}  # without --gpus: every GPU the engine sees
+    proc = run_cli(["check", *map(str, paths), *flags], tmp_path / "cache", 120, **env)
     assert proc.returncode == 0, proc.stderr
     shown = check_assignments(proc.stdout)
     plan = plan_schedule([Job(f"{s}/{v}", tp) for s, tp in TP.items() for v in BOTH], gpus)

@@ -1,0 +1,60 @@
+"""Progress output: plain timestamped lines off a terminal, a live per-server table on one, nothing with --quiet."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from specwake.console import Ui, split_event
+
+
+def capture(ui: Ui) -> io.StringIO:
+    buffer = io.StringIO()
+    ui.err = Console(file=buffer, force_terminal=False, width=200)
+    return buffer
+
+
+def test_split_event() -> None:
+    assert split_event("baseline: stage fresh") == ("baseline", "stage fresh")
+    assert split_event("tiny-cpu/patched: L2 cycle #1") == ("tiny-cpu/patched", "L2 cycle #1")
+    assert split_event("probing vLLM in /x: y") == (None, "probing vLLM in /x: y")
+
+
+def test_plain_lines_when_not_a_terminal() -> None:
+    ui = Ui(live=False)
+    out = capture(ui)
+    with ui:
+        ui.event("baseline: stage fresh")
+        ui.event("results in /tmp/x")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].endswith("baseline: stage fresh") and lines[0].startswith("[")
+
+
+def test_quiet_prints_no_progress_but_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    ui = Ui(quiet=True, live=False)
+    out = capture(ui)
+    with ui:
+        ui.event("baseline: stage fresh")
+        ui.note("a note")
+        ui.error("bad thing")
+    assert out.getvalue().strip() == "error: bad thing"
+
+
+def test_live_table_keeps_one_row_per_server() -> None:
+    ui = Ui(live=True)
+    out = io.StringIO()
+    ui.err = Console(file=out, force_terminal=True, width=120)
+    with ui:
+        ui.event("baseline: stage fresh")
+        ui.event("baseline: fresh: request 1/3: 512.0 tok/s")
+        ui.event("patched: starting server")
+    assert list(ui._rows) == ["baseline", "patched"]
+    assert ui._rows["baseline"][0] == "fresh: request 1/3: 512.0 tok/s"
+    assert "512.0 tok/s" in out.getvalue()
+
+
+def test_report_goes_to_stdout_verbatim(capsys: pytest.CaptureFixture[str]) -> None:
+    Ui().report("| a | b |")
+    assert capsys.readouterr().out == "| a | b |\n"

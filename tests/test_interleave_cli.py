@@ -1,0 +1,101 @@
+"""`specwake run --interleave` through the real CLI on the fake CPU engine: both variants' servers up at once,
+phases alternated baseline/patched, the result marked "interleaved"; the default run as the contrast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specwake.report import load_result
+from tests.fakeengine import kill_survivors, make_fake_engine, one_run_dir, run_cli, scenario_text
+from tests.procs import leftover_processes
+
+BOTH = {"baseline": "collapse", "patched": "recover"}
+CYCLES = 2
+PHASE_EVENT = re.compile(r"\] (baseline|patched): (stage fresh|L\d cycle #\d+)$")
+
+
+def phases(stderr: str) -> list[tuple[str, str]]:
+    """(variant, phase) in the order specwake started them, from its progress lines."""
+    found = []
+    for line in stderr.splitlines():
+        match = PHASE_EVENT.search(line.rstrip())
+        if match:
+            found.append((match.group(1), match.group(2)))
+    return found
+
+
+@pytest.mark.parametrize("interleave", [True, False], ids=["interleave", "sequential"])
+def test_interleave_runs_both_servers_at_once_and_alternates_phases(tmp_path: Path, interleave: bool) -> None:
+    engine = make_fake_engine(tmp_path)
+    slow = {"FAKE_VLLM_ARGS": "--step-delay 0.02"}
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        scenario_text(
+            engine,
+            variants={"baseline": slow, "patched": slow},
+            expect=BOTH,
+            patch=str(engine.write_fix(tmp_path)),
+            cycles=CYCLES,
+        )
+    )
+    out = tmp_path / "out"
+    flags = ["--interleave"] if interleave else []
+    proc = run_cli(["run", str(scenario), "--output", str(out), *flags], tmp_path / "cache")
+    assert kill_survivors(engine) == [], "a server outlived specwake"
+    assert proc.returncode == 0, proc.stderr
+
+    spans = {span.key.split("/")[-1]: span for span in engine.servers()}
+    assert sorted(spans) == ["baseline", "patched"]
+    assert all(span.how == "SIGTERM" for span in spans.values())
+    assert leftover_processes(span.pid for span in spans.values()) == []
+    both_up = spans["baseline"].overlaps(spans["patched"])
+    assert both_up is interleave
+
+    each = ["stage fresh"] + [f"L2 cycle #{k}" for k in range(1, CYCLES + 1)]
+    if interleave:
+        expected = [(v, p) for p in each for v in ("baseline", "patched")]
+    else:
+        expected = [(v, p) for v in ("baseline", "patched") for p in each]
+    assert phases(proc.stderr) == expected
+
+    path = one_run_dir(out) / "result.json"
+    load_result(path)
+    result: dict[str, Any] = json.loads(path.read_text())
+    assert result["scenario"]["mode"] == ("interleaved" if interleave else "sequential")
+    assert result["verdict"] == "pass" and result["complete"] is True
+    stages = {v["name"]: [s["name"] for s in v["stages"]] for v in result["variants"]}
+    names = ["fresh"] + [f"after L2 #{k}" for k in range(1, CYCLES + 1)]
+    assert stages == {"baseline": names, "patched": names}
+    assert {v["name"]: v["outcome"] for v in result["variants"]} == BOTH
+
+
+def test_interleave_keeps_measuring_the_other_variant_after_a_crash(tmp_path: Path) -> None:
+    engine = make_fake_engine(tmp_path)
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        scenario_text(
+            engine,
+            variants={"baseline": {"FAKE_VLLM_MODE": "crash-on-reload"}, "patched": {}},
+            expect={"baseline": "crash", "patched": "recover"},
+            patch=str(engine.write_fix(tmp_path)),
+            cycles=CYCLES,
+        )
+    )
+    out = tmp_path / "out"
+    proc = run_cli(["run", str(scenario), "--output", str(out), "--interleave"], tmp_path / "cache")
+    assert kill_survivors(engine) == [], "a server outlived specwake"
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((one_run_dir(out) / "result.json").read_text())
+    variants = {v["name"]: v for v in result["variants"]}
+    assert variants["baseline"]["outcome"] == "crash"
+    assert [s["name"] for s in variants["baseline"]["stages"]] == ["fresh"]
+    assert variants["patched"]["outcome"] == "recover"
+    assert [s["name"] for s in variants["patched"]["stages"]] == ["fresh", "after L2 #1", "after L2 #2"]
+    # After the crash only the patched variant's phases follow.
+    assert phases(proc.stderr)[3:] == [("patched", "L2 cycle #1"), ("patched", "L2 cycle #2")]
