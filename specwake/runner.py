@@ -30,7 +30,7 @@ Events = Callable[[str], None]
 
 
 def make_run_dir(root: Path, scenario_name: str, now: dt.datetime) -> Path:
-    """A new folder `<root>/<UTC yyyymmdd-hhmmss>-<name>[-N]` with `logs/`; never reuses an existing one."""
+    """A new folder `<root>/<UTC yyyymmdd-hhmmss>-<name>[-N]`; never reuses an existing one."""
     stamp = now.astimezone(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -40,7 +40,6 @@ def make_run_dir(root: Path, scenario_name: str, now: dt.datetime) -> Path:
                 path.mkdir()
             except FileExistsError:
                 continue
-            (path / "logs").mkdir()
             return path
     except OSError as exc:
         raise ResultsUnwritable(f"results folder not writable: {exc.filename or root}: {exc.strerror}") from None
@@ -201,6 +200,11 @@ def _run_interleaved(runs: Sequence[VariantRun], save: Callable[[], object]) -> 
                 save()
 
 
+def _scoped(events: Events, scenario: str) -> Events:
+    """Progress lines of a packed run name their scenario: `eagle3-eager/baseline: stage fresh`."""
+    return lambda message: events(f"{scenario}/{message}")
+
+
 def _stop_when_cancelled(cancel: threading.Event, run: VariantRun) -> None:
     """Stop a variant's server from outside its thread once the run is cancelled, so a blocked request ends."""
     cancel.wait()
@@ -230,13 +234,14 @@ def run_packed_scenarios(
 
     def run_job(job: Job, got: tuple[int, ...]) -> VariantResult:
         scenario, prep, run_dir, index = by_key[job.key]
-        run = VariantRun(scenario, prep, run_dir, lambda m: events(f"{scenario.name}/{m}"), gpus=got)
+        scoped = _scoped(events, scenario.name)
+        run = VariantRun(scenario, prep, run_dir, scoped, gpus=got, cancel=cancel)
         recorder = recorders[index]
         with recorder._lock:
             recorder.runs = [*recorder.runs, run]
         watcher = threading.Thread(target=_stop_when_cancelled, args=(cancel, run), daemon=True)
         watcher.start()
-        _run_one(run, recorder.save, events, cancel)
+        _run_one(run, recorder.save, scoped, cancel)
         return run.result()
 
     try:

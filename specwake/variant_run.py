@@ -5,6 +5,7 @@ phase k = L2 cycle k + its stage, close. Variants can so run one after another o
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from specwake import diagnose
 from specwake.client import Completion, VllmClient
 from specwake.crashes import classify
 from specwake.cycle import run_cycle
-from specwake.errors import ServerFault, StartupFailed
+from specwake.errors import Interrupted, ServerFault, StartupFailed
 from specwake.measure import Workload, run_stage, stage_name
 from specwake.plan import redact_env
 from specwake.prepare import PreparedVariant, plan_variant
@@ -57,8 +58,10 @@ class VariantRun:
         *,
         gpus: tuple[int, ...] = (),
         clock: Callable[[], float] = time.monotonic,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.scenario, self.prep, self.events, self.clock = scenario, prep, events, clock
+        self.cancel = cancel  # set when the whole run is being interrupted (packed runs stop servers from outside)
         self.name = prep.variant.name
         self.plan = plan_variant(scenario, prep, free_port(), gpus)
         self.log_path = run_dir / "logs" / f"{self.name}.log"
@@ -230,6 +233,9 @@ class VariantRun:
     # -- outcome -----------------------------------------------------------------------------------
 
     def _crash(self, fault: ServerFault) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            # Our server was stopped because the run is interrupted: not a crash, the variant stays incomplete.
+            raise Interrupted(f"{self.name}: interrupted during {self.phase}")
         alive = not self.server.exited_within(EXIT_SETTLE_S)
         code = self.server.returncode()
         message = str(fault) if alive or code is None else f"{fault} (server {describe_exit(code)})"

@@ -5,9 +5,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,3 +68,27 @@ def leftover_processes(pgids: Iterable[int]) -> list[tuple[int, int, str, str]]:
     """(pid, pgid, state, name) of every non-zombie process whose group is one of ``pgids``."""
     wanted = set(pgids)
     return [(pid, pgid, state, name) for pid, name, state, pgid in _stats() if pgid in wanted and state != "Z"]
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_scenario_cli(scenario: str, out: Path, timeout: float) -> dict[str, Any]:
+    """`specwake run SCENARIO --output OUT` in a subprocess, as a user would; returns the process, its one run
+    folder, the parsed result.json and any process the run left behind (found by an env marker)."""
+    mark_value = uuid.uuid4().hex
+    env = {**os.environ, SERVER_MARK: mark_value}
+    proc = subprocess.run(
+        [sys.executable, "-m", "specwake.cli", "run", scenario, "--output", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    leftovers = processes_with_env(SERVER_MARK, mark_value)
+    runs = sorted(out.iterdir())
+    assert len(runs) == 1, f"expected one run folder, got {runs}\nstderr:\n{proc.stderr[-4000:]}"
+    result_path = runs[0] / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    return {"proc": proc, "dir": runs[0], "result": result, "leftovers": leftovers}
+
+
+def variant_of(run: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(v for v in run["result"]["variants"] if v["name"] == name)

@@ -8,17 +8,12 @@ is unset.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.procs import SERVER_MARK, processes_with_env, require_module
+from tests.procs import require_module, run_scenario_cli, variant_of
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = "tests/data/crash-cpu.toml"
@@ -30,26 +25,10 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("crash-results")
-    mark_value = uuid.uuid4().hex
-    env = {**os.environ, SERVER_MARK: mark_value}
-    proc = subprocess.run(
-        [sys.executable, "-m", "specwake.cli", "run", SCENARIO, "--output", str(out)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    leftovers = processes_with_env(SERVER_MARK, mark_value)
-    runs = sorted(out.iterdir())
-    assert len(runs) == 1, f"expected one run folder, got {runs}\nstderr:\n{proc.stderr[-4000:]}"
-    result_path = runs[0] / "result.json"
-    result = json.loads(result_path.read_text()) if result_path.exists() else {}
-    return {"proc": proc, "dir": runs[0], "result": result, "leftovers": leftovers}
+    return run_scenario_cli(SCENARIO, out, timeout=1200)
 
 
-def variant(run: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(v for v in run["result"]["variants"] if v["name"] == name)
+variant = variant_of
 
 
 def test_exit_zero_both_expectations_met(run: dict[str, Any]) -> None:

@@ -6,7 +6,6 @@ resumed run must keep the baseline as it was and measure only the patched varian
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -19,31 +18,15 @@ from pathlib import Path
 import pytest
 
 from specwake.report import load_result
+from tests.procs import SERVER_MARK, processes_with_env, require_module
 
 REPO = Path(__file__).resolve().parent.parent
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("SPECWAKE_REQUIRE_VLLM") == "1":
-        raise RuntimeError("SPECWAKE_REQUIRE_VLLM=1 but vLLM is not importable: the real-engine tests must run")
-    pytest.skip("vLLM is not installed (set SPECWAKE_REQUIRE_VLLM=1 to make this a failure)", allow_module_level=True)
-
+require_module("vllm")
 pytestmark = pytest.mark.vllm
-MARK = "VLLM_SPECWAKE_TEST_MARK"  # VLLM_* passes specwake's env allow-list, so servers inherit it
 
 
-def live_with_marker(value: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if f"{MARK}={value}".encode() not in (entry / "environ").read_bytes():
-                continue
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rfind(")") + 2] != "Z":
-            pids.append(int(entry.name))
-    return pids
+def live_with_marker(value: str) -> list[tuple[int, str]]:
+    return processes_with_env(SERVER_MARK, value)
 
 
 def wait_for(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
@@ -70,7 +53,7 @@ def patched_measuring(out: Path) -> Path | None:
 
 def test_interrupt_then_resume(tmp_path: Path) -> None:
     mark = uuid.uuid4().hex
-    env = {**os.environ, MARK: mark}
+    env = {**os.environ, SERVER_MARK: mark}
     argv = [sys.executable, "-m", "specwake.cli", "run", "scenarios/tiny-cpu.toml", "--cycles", "1", "--quiet"]
     proc = subprocess.Popen([*argv, "--output", str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip

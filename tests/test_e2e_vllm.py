@@ -6,18 +6,13 @@ when vLLM is not installed and SPECWAKE_REQUIRE_VLLM is unset; in CI it is set, 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
-from tests.procs import SERVER_MARK, processes_with_env, require_module
+from tests.procs import require_module, run_scenario_cli, variant_of
 
 REPO = Path(__file__).resolve().parent.parent
 require_module("vllm")
@@ -28,34 +23,10 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("results")
-    mark_value = uuid.uuid4().hex
-    env = {**os.environ, SERVER_MARK: mark_value}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "specwake.cli",
-            "run",
-            "scenarios/tiny-cpu.toml",
-            "--output",
-            str(out),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    leftovers = processes_with_env(SERVER_MARK, mark_value)
-    runs = sorted(out.iterdir())
-    assert len(runs) == 1, f"expected one run folder, got {runs}\nstderr:\n{proc.stderr[-4000:]}"
-    result_path = runs[0] / "result.json"
-    result = json.loads(result_path.read_text()) if result_path.exists() else {}
-    return {"proc": proc, "dir": runs[0], "result": result, "leftovers": leftovers}
+    return run_scenario_cli("scenarios/tiny-cpu.toml", out, timeout=1500)
 
 
-def variant(run: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(v for v in run["result"]["variants"] if v["name"] == name)
+variant = variant_of
 
 
 def test_exit_zero_and_verdict_pass(run: dict[str, Any]) -> None:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from typing import Any
 
 import pytest
 
-if importlib.util.find_spec("torch") is None:  # torch comes with vLLM; the CLI side never imports it
-    if os.environ.get("SPECWAKE_REQUIRE_VLLM") == "1":
-        raise RuntimeError("SPECWAKE_REQUIRE_VLLM=1 but torch is not importable")
-    pytest.skip("torch (installed with vLLM) is missing", allow_module_level=True)
+from tests.procs import require_module
+
+require_module("torch")  # torch comes with vLLM; the CLI side never imports it
 
 import torch  # noqa: E402
 
