@@ -129,6 +129,11 @@ class Recorder:
         variants = sorted(merged.values(), key=lambda v: order.index(v.name) if v.name in order else len(order))
         return assemble(self.scenario, variants, self.started_at, complete=complete, mode=self.mode)
 
+    def add(self, run: VariantRun) -> None:
+        """A variant that starts now (packed runs start a scenario's variants from job threads)."""
+        with self._lock:
+            self.runs = [*self.runs, run]
+
     def save(self, complete: bool = False) -> ScenarioResult:
         with self._lock:
             result = self.result(complete)
@@ -237,8 +242,7 @@ def run_packed_scenarios(
         scoped = _scoped(events, scenario.name)
         run = VariantRun(scenario, prep, run_dir, scoped, gpus=got, cancel=cancel)
         recorder = recorders[index]
-        with recorder._lock:
-            recorder.runs = [*recorder.runs, run]
+        recorder.add(run)
         watcher = threading.Thread(target=_stop_when_cancelled, args=(cancel, run), daemon=True)
         watcher.start()
         _run_one(run, recorder.save, scoped, cancel)

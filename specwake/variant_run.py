@@ -33,13 +33,17 @@ EXIT_SETTLE_S = 1.0  # after a fault, how long a dying server gets to be seen as
 
 
 def check_imports(prep: PreparedVariant, infos: list[Any]) -> str | None:
-    """A patched variant must import vLLM from its overlay, a baseline must not: else an error text."""
+    """Every worker must import vLLM from where the variant says: a patched variant from its overlay, any other
+    from the interpreter's installed package (a patched variant silently running stock vLLM would make every
+    verdict a lie). Returns an error text, or None."""
+    if prep.overlay is not None:
+        expected, what = prep.overlay.root / "vllm", "the overlay"
+    else:
+        expected, what = prep.engine.package_dir, "the installed package"
     for rank, info in enumerate(infos):
         file = str(info.get("vllm_file", "")) if isinstance(info, dict) else ""
-        if prep.overlay is not None and not file.startswith(str(prep.overlay.root) + os.sep):
-            return f"patched worker {rank} imported vLLM from {file or '?'}, not the overlay {prep.overlay.root}"
-        if prep.overlay is None and "/overlays/" in file:
-            return f"baseline worker {rank} imported vLLM from an overlay: {file}"
+        if not file.startswith(str(expected) + os.sep):
+            return f"{prep.variant.name} worker {rank} imported vLLM from {file or '?'}, not {what} {expected}"
     return None
 
 

@@ -272,7 +272,7 @@ def _inline(env: dict[str, str]) -> str:
 
 def cli_env(cache: Path, **extra: str) -> dict[str, str]:
     """Environment for a `python -m specwake.cli` subprocess: private cache, no colour."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_TOKEN")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_TOKEN", "GITHUB_STEP_SUMMARY")}
     env.update({"SPECWAKE_CACHE": str(cache), "NO_COLOR": "1", "COLUMNS": "200"}, **extra)
     return env
 

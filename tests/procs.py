@@ -77,7 +77,7 @@ def run_scenario_cli(scenario: str, out: Path, timeout: float) -> dict[str, Any]
     """`specwake run SCENARIO --output OUT` in a subprocess, as a user would; returns the process, its one run
     folder, the parsed result.json and any process the run left behind (found by an env marker)."""
     mark_value = uuid.uuid4().hex
-    env = {**os.environ, SERVER_MARK: mark_value}
+    env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"} | {SERVER_MARK: mark_value}
     proc = subprocess.run(
         [sys.executable, "-m", "specwake.cli", "run", scenario, "--output", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,

@@ -99,3 +99,25 @@ def test_interleave_keeps_measuring_the_other_variant_after_a_crash(tmp_path: Pa
     assert [s["name"] for s in variants["patched"]["stages"]] == ["fresh", "after L2 #1", "after L2 #2"]
     # After the crash only the patched variant's phases follow.
     assert phases(proc.stderr)[3:] == [("patched", "L2 cycle #1"), ("patched", "L2 cycle #2")]
+
+
+def test_step_summary_and_junit_are_written(tmp_path: Path) -> None:
+    """In GitHub Actions (GITHUB_STEP_SUMMARY set) the report is appended there; --junit writes parseable XML."""
+    import xml.etree.ElementTree as ET
+
+    engine = make_fake_engine(tmp_path)
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(engine, variants={"baseline": {}, "patched": {}}, expect=BOTH,
+                                      patch=str(engine.write_fix(tmp_path))))  # fmt: skip
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    junit = tmp_path / "junit" / "specwake.xml"
+    out = tmp_path / "out"
+    proc = run_cli(["run", str(scenario), "--output", str(out), "--junit", str(junit)], tmp_path / "cache",
+                   GITHUB_STEP_SUMMARY=str(summary))  # fmt: skip
+    assert kill_survivors(engine) == []
+    assert proc.returncode == 0, proc.stderr
+    text = summary.read_text()
+    assert text.startswith("earlier step\n") and (one_run_dir(out) / "report.md").read_text() in text
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "2" and suite.get("failures") == "0"
