@@ -271,7 +271,8 @@ def _setup_line(result: ScenarioResult) -> list[str]:
         f"{spec.get('method', MISSING)} K={spec.get('num_speculative_tokens', MISSING)}",
         f"TP {server.get('tensor_parallel_size', MISSING)}" + (", eager" if server.get("enforce_eager") else ""),
         f"{cycle.get('count', MISSING)} × L{cycle.get('level', MISSING)} sleep/wake",
-        f"{work.get('repeats', MISSING)} requests × {work.get('max_tokens', MISSING)} tokens per stage",
+        f"{work.get('repeats', MISSING)} request{'' if work.get('repeats') == 1 else 's'}"
+        f" × {work.get('max_tokens', MISSING)} tokens per stage",
     ]
     return [inline(" · ".join(parts)), ""]
 
