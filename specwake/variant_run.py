@@ -67,12 +67,9 @@ class VariantRun:
         self.scenario, self.prep, self.events, self.clock = scenario, prep, events, clock
         self.cancel = cancel  # set when the whole run is being interrupted (packed runs stop servers from outside)
         self.name = prep.variant.name
-        self.plan = plan_variant(scenario, prep, free_port(), gpus)
+        self.gpus = gpus
         self.log_path = run_dir / "logs" / f"{self.name}.log"
-        spec = ServerSpec(
-            self.plan.argv, self.plan.env, self.plan.port, self.log_path, scenario.server.startup_timeout_s
-        )
-        self.server = Server(spec)
+        self._plan_server(port=0)  # the real port is chosen just before launch (see open)
         self.client: VllmClient | None = None
         self.stages: list[StageResult] = []
         self.steps: list[StepResult] = []
@@ -110,8 +107,14 @@ class VariantRun:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
+    def _plan_server(self, port: int) -> None:
+        self.plan = plan_variant(self.scenario, self.prep, port, self.gpus)
+        timeout = self.scenario.server.startup_timeout_s
+        self.server = Server(ServerSpec(self.plan.argv, self.plan.env, port, self.log_path, timeout))
+
     def open(self) -> None:
         """Start the server, wait for /health, check it is ours and imports the right vLLM."""
+        self._plan_server(free_port())  # as late as possible: a port picked early may be taken meanwhile
         self.events(f"{self.name}: starting server on 127.0.0.1:{self.plan.port} (log {self.log_path})")
         t0 = self.started = self.clock()
         try:
