@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specwake.errors import InputError
+from specwake.markdown import MISSING, cell
 from specwake.results import ScenarioResult, StageResult, VariantResult
 from specwake.stats import Ratio, call_change, ratio
 
@@ -23,7 +24,6 @@ OUTCOME_STAGE = "outcome"  # the stage name of a variant-level (outcome) row
 NOT_APPLICABLE = Ratio(None, None, None, "not applicable")
 RESULT_FILE = "result.json"
 RUN_DIR = re.compile(r"^(\d{8}-\d{6})-.+")  # <UTC yyyymmdd-hhmmss>-<scenario>[-N], see runner.make_run_dir
-MISSING = "–"
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,6 @@ class Comparison:
     regressions: list[Row]
     only_old: list[str]  # "scenario / variant" or "scenario / variant / stage"
     only_new: list[str]
-
-
-def _name(result: ScenarioResult) -> str:
-    return str(result.scenario.get("name") or "unnamed")
 
 
 def _check_same_scenario(old: ScenarioResult, new: ScenarioResult, force: bool) -> None:
@@ -158,7 +154,7 @@ def compare(
     _check_limit(max_al_drop, "max_al_drop")
     _check_limit(max_toks_drop, "max_toks_drop")
     _check_same_scenario(old, new, force)
-    old_name, new_name = _name(old), _name(new)
+    old_name, new_name = old.name, new.name
     if old_name != new_name:  # nothing joins across different scenarios
         return Comparison([], [], [old_name], [new_name])
     old_vars = {v.name: v for v in old.variants}
@@ -194,11 +190,7 @@ def _num(value: float | None, digits: int, sign: bool = False) -> str:
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
-def _cell(text: str) -> str:
-    return text.replace("<", "&lt;").replace("\n", " ").replace("|", "\\|")
-
-
-def _ratio_cell(r: Ratio) -> str:
+def _ratiocell(r: Ratio) -> str:
     if r.value is None:
         return MISSING
     if r.ci_low is None or r.ci_high is None:
@@ -216,11 +208,11 @@ def _table_row(row: Row) -> str:
             f"{_num(row.old_al, 2)} → {_num(row.new_al, 2)}",
             _num(row.al_delta, 2, sign=True),
             f"{_num(row.old_toks, 1)} → {_num(row.new_toks, 1)}",
-            _ratio_cell(row.toks_ratio),
+            _ratiocell(row.toks_ratio),
             row.call,
         ]
     cells.append("**yes**" if row.regression else "no")
-    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+    return "| " + " | ".join(cell(c) for c in cells) + " |"
 
 
 def _methods(rows: Sequence[Row]) -> list[str]:
@@ -238,7 +230,7 @@ def render_comparison_markdown(c: Comparison) -> str:
     lines = [headline]
     for scenario in dict.fromkeys(r.scenario for r in c.rows):
         rows = [r for r in c.rows if r.scenario == scenario]
-        lines += ["", f"### {_cell(scenario)}", ""]
+        lines += ["", f"### {cell(scenario)}", ""]
         lines += [
             "| variant | stage | AL old → new | ΔAL | tok/s old → new | tok/s ratio [CI] | tok/s call | regression |",
             "| --- | --- | ---: | ---: | ---: | ---: | :---: | :---: |",
@@ -246,16 +238,16 @@ def render_comparison_markdown(c: Comparison) -> str:
         lines += [_table_row(r) for r in rows]
     if c.regressions:
         lines += ["", "Regressions:"]
-        lines += [f"- {_cell(f'{r.scenario} / {r.variant} / {r.stage}: {r.reason}')}" for r in c.regressions]
+        lines += [f"- {cell(f'{r.scenario} / {r.variant} / {r.stage}: {r.reason}')}" for r in c.regressions]
     for title, keys in (("Only in old", c.only_old), ("Only in new", c.only_new)):
         if keys:
-            lines += ["", f"{title}: " + ", ".join(_cell(k) for k in keys)]
+            lines += ["", f"{title}: " + ", ".join(cell(k) for k in keys)]
     methods = _methods(c.rows)
     if methods:
         lines += [
             "",
             "<sub>tok/s ratio = median(new) / median(old); interval: "
-            + "; ".join(_cell(m) for m in methods)
+            + "; ".join(cell(m) for m in methods)
             + ". An inconclusive call is never a regression.</sub>",
         ]
     return "\n".join(lines) + "\n"

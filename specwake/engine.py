@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specwake.errors import EngineMissing
+from specwake.files import write_atomic
 
 # Runs inside the variant's interpreter; prints one JSON line.
 _PROBE = r"""
@@ -157,10 +158,7 @@ def probe_engine(python: str, cache: Path | None = None, timeout_s: float = 180.
     info, data = _probe(python, timeout_s)
     if cached is not None:
         try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, cached)
+            write_atomic(cached, json.dumps(data))
         except OSError:
             pass  # a cache that cannot be written only costs time
     return info

@@ -11,18 +11,18 @@ as `\\xNN`.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
 from specwake.errors import ResultsUnwritable
+from specwake.files import write_atomic
+from specwake.markdown import num
+from specwake.report import DEFAULT_TOLERANCE
 from specwake.results import ScenarioResult, StageResult, VariantResult
 from specwake.verdict import INCOMPLETE, explain
 
-DEFAULT_TOLERANCE = 0.05  # only when a result does not record its [expect] tolerance
 MESSAGE_MAX = 300  # characters of an attribute message; the full text goes in the element body
 # Characters outside XML 1.0's Char production (controls other than tab/newline/CR, surrogates, U+FFFE/F).
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -42,19 +42,8 @@ def _seconds(value: float) -> str:
     return f"{max(value, 0.0):.3f}"
 
 
-def _name(result: ScenarioResult) -> str:
-    return str(result.scenario.get("name") or "unnamed")
-
-
 def _tolerance(result: ScenarioResult) -> float:
-    settings = result.scenario.get("settings")
-    expect = settings.get("expect") if isinstance(settings, dict) else None
-    value = expect.get("tolerance") if isinstance(expect, dict) else None
-    return float(value) if isinstance(value, int | float) else DEFAULT_TOLERANCE
-
-
-def _fmt(value: float | None, digits: int) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
+    return result.expectation("tolerance", DEFAULT_TOLERANCE)
 
 
 def stage_line(stage: StageResult) -> str:
@@ -62,9 +51,9 @@ def stage_line(stage: StageResult) -> str:
     match = {None: "", True: ", outputs = fresh", False: ", outputs DIFFER from fresh"}[stage.outputs_match_fresh]
     reset = ", counters reset" if stage.counters_reset else ""
     return (
-        f"{stage.name}: AL {_fmt(stage.acceptance_length, 2)} ({stage.num_drafts} drafts, "
+        f"{stage.name}: AL {num(stage.acceptance_length, 2)} ({stage.num_drafts} drafts, "
         f"{stage.num_accepted_tokens}/{stage.num_draft_tokens} accepted), "
-        f"tok/s median {_fmt(stage.tok_s_median, 1)} (n={len(stage.tok_s)}){match}{reset}"
+        f"tok/s median {num(stage.tok_s_median, 1)} (n={len(stage.tok_s)}){match}{reset}"
     )
 
 
@@ -107,7 +96,7 @@ def _problem(variant: VariantResult, tolerance: float) -> ET.Element | None:
 
 
 def _testcase(result: ScenarioResult, variant: VariantResult, tolerance: float) -> ET.Element:
-    case = ET.Element("testcase", classname=f"specwake.{_xml_safe(_name(result))}")
+    case = ET.Element("testcase", classname=f"specwake.{_xml_safe(result.name)}")
     case.set("name", _xml_safe(variant.name))
     case.set("time", _seconds(variant.seconds))
     problem = _problem(variant, tolerance)
@@ -151,7 +140,7 @@ def _set_counts(element: ET.Element, cases: Sequence[ET.Element], seconds: float
 
 def _testsuite(result: ScenarioResult) -> tuple[ET.Element, list[ET.Element]]:
     tolerance = _tolerance(result)
-    suite = ET.Element("testsuite", name=_xml_safe(_name(result)))
+    suite = ET.Element("testsuite", name=_xml_safe(result.name))
     cases = [_testcase(result, v, tolerance) for v in result.variants]
     _set_counts(suite, cases, sum(v.seconds for v in result.variants))
     suite.set("timestamp", _xml_safe(result.started_at))
@@ -184,18 +173,7 @@ def write_junit(path: Path, results: Sequence[ScenarioResult]) -> None:
 
     Raises ResultsUnwritable naming the path when it cannot be written.
     """
-    path = Path(path)
-    text = render_junit(results)
-    tmp: str | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-        tmp = None
+        write_atomic(Path(path), render_junit(results))
     except OSError as exc:
         raise ResultsUnwritable(f"{path}: cannot write JUnit XML: {exc}") from exc
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)

@@ -51,6 +51,7 @@ ENV_ALLOW_PREFIXES = (
     "REQUESTS_CA_BUNDLE",
 )
 SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+REDACTED = "***"
 
 
 @dataclass(frozen=True)
@@ -165,4 +166,4 @@ def build_server_env(
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     """A copy safe to write into results and logs: secret-looking values hidden."""
-    return {k: ("***" if SECRET_PATTERN.search(k) else v) for k, v in env.items()}
+    return {k: (REDACTED if SECRET_PATTERN.search(k) else v) for k, v in env.items()}

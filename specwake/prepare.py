@@ -78,14 +78,21 @@ def inspect_patches(scenario: Scenario) -> dict[str, PatchInfo]:
 
 
 def prepare(
-    scenario: Scenario, cache: Path, events: Events, *, gpus: Sequence[int] | None = None
+    scenario: Scenario,
+    cache: Path,
+    events: Events,
+    *,
+    gpus: Sequence[int] | None = None,
+    patches: dict[str, PatchInfo] | None = None,
 ) -> list[PreparedVariant]:
     """Validate patches, probe interpreters, build overlays and builtin models. Launches no server.
 
+    `patches`: what `inspect_patches(scenario)` already returned, if the caller checked them earlier.
     Input problems raise (exit 2); a platform that cannot run the scenario is recorded per variant so that
     `check` can report it and `run` can refuse it (see `require_runnable`).
     """
-    patches = inspect_patches(scenario)  # cheap input checks first, so bad input never waits on a probe
+    if patches is None:  # cheap input checks first, so bad input never waits on a probe
+        patches = inspect_patches(scenario)
     engines: dict[str, EngineInfo] = {}
     prepared = []
     for variant in scenario.variants:

@@ -6,8 +6,6 @@ Also the run folder's writer (result.json atomically, report.md, stages.csv) and
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from specwake.errors import InputError, ResultsUnwritable
+from specwake.files import write_atomic
 from specwake.markdown import MISSING, cell, inline, num, short_sha
 from specwake.report_details import details
 from specwake.results import ScenarioResult, StageResult, VariantResult, from_dict, to_dict, to_json
@@ -85,23 +84,12 @@ def _rows(variant: VariantResult) -> list[_Row]:
     ]
 
 
-def _expect(result: ScenarioResult, key: str) -> float | None:
-    settings = result.scenario.get("settings")
-    expect = settings.get("expect") if isinstance(settings, dict) else None
-    value = expect.get(key) if isinstance(expect, dict) else None
-    if value is None:
-        value = result.scenario.get(key)
-    return float(value) if isinstance(value, int | float) else None
-
-
 def _tolerance(result: ScenarioResult) -> float:
-    value = _expect(result, "tolerance")
-    return DEFAULT_TOLERANCE if value is None else value
+    return result.expectation("tolerance", DEFAULT_TOLERANCE)
 
 
 def _min_speedup(result: ScenarioResult) -> float:
-    value = _expect(result, "min_speedup_recovery")
-    return DEFAULT_MIN_SPEEDUP if value is None else value
+    return result.expectation("min_speedup_recovery", DEFAULT_MIN_SPEEDUP)
 
 
 def speed_call(variant: VariantResult, min_ratio: float) -> tuple[str, list[tuple[str, str]]] | None:
@@ -121,10 +109,6 @@ def _after_samples(variant: VariantResult) -> list[float]:
 
 
 # ---------------------------------------------------------------- Markdown pieces
-
-
-def _name(result: ScenarioResult) -> str:
-    return str(result.scenario.get("name") or "unnamed")
 
 
 def _summarycell(s: Summary, digits: int = 1) -> str:
@@ -281,7 +265,7 @@ def _scenario_section(result: ScenarioResult) -> list[str]:
     tolerance, min_ratio = _tolerance(result), _min_speedup(result)
     icon = _VERDICT_ICON.get(result.verdict, "⚠️")
     status = result.verdict.upper() + ("" if result.complete else " (incomplete run)")
-    lines = [f"### {inline(_name(result))} — {icon} {status}", "", *_setup_line(result), *_table(result.variants), ""]
+    lines = [f"### {inline(result.name)} — {icon} {status}", "", *_setup_line(result), *_table(result.variants), ""]
     lines += [_variant_line(v, tolerance, min_ratio) for v in result.variants]
     lines += _patched_vs_baseline(result.variants)
     if any(s.counters_reset for v in result.variants for s in v.stages):
@@ -305,11 +289,11 @@ def _offenders(results: Sequence[ScenarioResult]) -> list[str]:
     for r in results:
         for v in r.variants:
             if v.outcome == "error":
-                named.append(f"{_name(r)}/{v.name} not measured ({v.crash_class or 'startup_failed'})")
+                named.append(f"{r.name}/{v.name} not measured ({v.crash_class or 'startup_failed'})")
             elif v.outcome == INCOMPLETE:
-                named.append(f"{_name(r)}/{v.name} unfinished")
+                named.append(f"{r.name}/{v.name} unfinished")
             elif not v.matched:
-                named.append(f"{_name(r)}/{v.name} {v.outcome}, expected {v.expected}")
+                named.append(f"{r.name}/{v.name} {v.outcome}, expected {v.expected}")
     return named
 
 
@@ -345,7 +329,7 @@ def _stage_record(result: ScenarioResult, variant: VariantResult, row: _Row) -> 
     stage, vs = row.stage, row.vs_fresh
     rate = stage.num_accepted_tokens / stage.num_draft_tokens if stage.num_draft_tokens else None
     return {
-        "scenario": _name(result),
+        "scenario": result.name,
         "variant": variant.name,
         "outcome": variant.outcome,
         "expected": variant.expected,
@@ -385,18 +369,6 @@ def render_csv(results: Sequence[ScenarioResult]) -> str:
 # ---------------------------------------------------------------- files
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder, then rename over `path`."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_run_files(run_dir: Path, result: ScenarioResult) -> None:
     """Write result.json, report.md and stages.csv into `run_dir` (created if needed).
 
@@ -404,9 +376,9 @@ def write_run_files(run_dir: Path, result: ScenarioResult) -> None:
     """
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(run_dir / RESULT_FILE, to_json(result))
-        _write_atomic(run_dir / REPORT_FILE, render_markdown([result]))
-        _write_atomic(run_dir / STAGES_FILE, render_csv([result]))
+        write_atomic(run_dir / RESULT_FILE, to_json(result))
+        write_atomic(run_dir / REPORT_FILE, render_markdown([result]))
+        write_atomic(run_dir / STAGES_FILE, render_csv([result]))
     except OSError as exc:
         raise ResultsUnwritable(f"{run_dir}: cannot write run files: {exc}") from exc
 

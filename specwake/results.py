@@ -93,6 +93,20 @@ class ScenarioResult:
     schema: str = SCHEMA
     complete: bool = True
 
+    @property
+    def name(self) -> str:
+        return str(self.scenario.get("name") or "unnamed")
+
+    def expectation(self, key: str, default: float) -> float:
+        """A number of the scenario's [expect] table as recorded (`tolerance`, `min_speedup_recovery`);
+        `default` for results that did not record it."""
+        settings = self.scenario.get("settings")
+        expect = settings.get("expect") if isinstance(settings, dict) else None
+        value = expect.get(key) if isinstance(expect, dict) else None
+        if value is None:
+            value = self.scenario.get(key)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
+
 
 def to_dict(result: ScenarioResult) -> dict[str, Any]:
     return asdict(result)

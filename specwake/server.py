@@ -20,11 +20,10 @@ from typing import IO
 import httpx
 
 from specwake.errors import StartupFailed
+from specwake.plan import REDACTED, redact_env
 
 log = logging.getLogger(__name__)
 
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-REDACTED = "***"
 STRAGGLER_TIMEOUT_S = 5.0
 _TAIL_BYTES = 256 * 1024
 
@@ -46,11 +45,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    """Copy of ``env`` with the values of secret-looking names replaced by REDACTED."""
-    return {name: REDACTED if any(m in name.upper() for m in SECRET_MARKERS) else value for name, value in env.items()}
 
 
 def log_header(spec: ServerSpec, now: datetime) -> str:

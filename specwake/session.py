@@ -107,13 +107,17 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
     if len(set(names)) != len(names):
         raise InputError(f"two scenarios share a name ({', '.join(sorted({n for n in names if names.count(n) > 1}))})")
     previous = _previous(request.resume, scenarios) if request.resume is not None else {}
-    for scenario in scenarios:
-        inspect_patches(scenario)  # bad input is reported before anything is created or launched
+    # Bad input is reported before anything is created or launched.
+    patches = {scenario.name: inspect_patches(scenario) for scenario in scenarios}
     check_writable(request.resume or request.output)
     prepared: list[list[PreparedVariant]] = []
     for scenario in scenarios:
         kept = {v.name for v in _kept(previous.get(scenario.name))}
-        variants = [p for p in prepare(scenario, request.cache, events, gpus=gpus) if p.variant.name not in kept]
+        variants = [
+            p
+            for p in prepare(scenario, request.cache, events, gpus=gpus, patches=patches[scenario.name])
+            if p.variant.name not in kept
+        ]
         require_runnable(variants)
         prepared.append(variants)
     on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
@@ -208,9 +212,8 @@ def check_all(
     choose; launches no server. Input problems raise (exit 2), a missing engine raises (exit 3)."""
     inventory = _parse_gpus(gpus)
     scenarios = [load_scenario(path, overrides) for path in paths]
-    for scenario in scenarios:
-        inspect_patches(scenario)
-    prepared = [prepare(s, cache, events, gpus=inventory) for s in scenarios]
+    patches = [inspect_patches(s) for s in scenarios]
+    prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]
     problems = [p.platform_problem for variants in prepared for p in variants if p.platform_problem]
     assigned: dict[str, tuple[int, ...]] = {}
     if any(p.engine.is_gpu for variants in prepared for p in variants) and not problems:
