@@ -13,15 +13,16 @@ from typing import Annotated, NoReturn
 import typer
 
 from specwake import __version__
-from specwake.compare import compare as compare_results
-from specwake.compare import render_comparison_markdown
+from specwake.compare import compare_runs, parse_pair, render_comparison_markdown
 from specwake.console import Ui
-from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, InputError, Interrupted, SpecwakeError
+from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, Interrupted, SpecwakeError
+from specwake.models import BUILTIN_MODELS, cache_dir, ensure_builtin_model, lookup, model_dir
 from specwake.plot import render_plot
 from specwake.report import render_csv, render_json, render_markdown
+from specwake.runfolder import load_many
 from specwake.scenario import Overrides
-from specwake.session import RunRequest, check_all, execute, load_results
-from specwake.tinymodel import BUILTIN_MODELS, cache_dir, ensure_builtin_model
+from specwake.session import RunRequest, check_all, execute
+from specwake.shards import merge_shards
 
 app = typer.Typer(
     add_completion=False,
@@ -65,6 +66,13 @@ def run(
     resume: Annotated[
         Path | None, typer.Option(help="Finish an interrupted run folder: re-run only incomplete variants.")
     ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="K/N: run only this machine's share of the scenario × variant jobs (a CI fleet of N runners); "
+            "`specwake report` over every shard's folder merges them."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
     """Run scenarios: baseline and patched servers, L2 cycles, AL and tok/s before and after, verdict."""
@@ -81,6 +89,7 @@ def run(
         gpus=gpus,
         junit=junit,
         resume=resume,
+        shard=shard,
     )
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -93,8 +102,11 @@ def run(
         raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
-    ui.report(outcome.markdown)
-    ui.note(f"results: {outcome.run_root}")
+    if outcome.note:
+        ui.note(outcome.note)
+    if outcome.results:
+        ui.report(outcome.markdown)
+        ui.note(f"results: {outcome.run_root}")
     raise typer.Exit(outcome.exit_code)
 
 
@@ -110,15 +122,19 @@ def check(
     no_gpu_check: Annotated[
         bool, typer.Option("--no-gpu-check", help="Report missing GPUs / sleep mode instead of failing (exit 0).")
     ] = False,
+    online: Annotated[
+        bool, typer.Option("--online", help="Also ask the Hugging Face Hub about models not in the local cache.")
+    ] = False,
 ) -> None:
-    """Validate scenarios and show exactly what `run` would start (argv, env, GPUs); launches no server."""
+    """Validate scenarios with each variant's own vLLM and show exactly what `run` would start and measure (argv,
+    env, GPUs, where models load from); launches no server."""
     ui = Ui()
     if patch is not None and not patch.is_file():
         ui.error(f"--patch: file not found: {patch}")
         raise typer.Exit(EXIT_INPUT)
     overrides = Overrides(tp=tp, variants=tuple(variant or ()), patch=patch)
     try:
-        outcome = check_all(scenarios, overrides, cache_dir(), ui.event, gpus=gpus)
+        outcome = check_all(scenarios, overrides, cache_dir(), ui.event, gpus=gpus, online=online)
     except SpecwakeError as exc:
         _fail(ui, exc)
     ui.report(outcome.text)
@@ -138,16 +154,21 @@ def report(
         list[Path], typer.Argument(help="result.json files, run folders or results folders.", show_default=False)
     ],
     fmt: Annotated[str, typer.Option("--format", help="md | json | csv")] = "md",
+    every_run: Annotated[
+        bool, typer.Option("--all", help="A results folder means every run in it, not only its latest run.")
+    ] = False,
     plot: Annotated[Path | None, typer.Option(help="Also draw AL and tok/s per stage into this PNG.")] = None,
 ) -> None:
-    """Print earlier runs as one report (Markdown for a PR comment, or JSON / CSV)."""
+    """Print earlier runs as one report (Markdown for a PR comment, or JSON / CSV).
+
+    A results folder stands for its latest run (named on stderr) unless --all is given."""
     ui = Ui()
     renderers = {"md": render_markdown, "json": render_json, "csv": render_csv}
     if fmt not in renderers:
         ui.error(f"--format: must be one of md, json, csv (got {fmt!r})")
         raise typer.Exit(EXIT_INPUT)
     try:
-        loaded = [result for path in results for result in load_results(path)]
+        loaded = merge_shards(load_many(results, every_run=every_run, note=ui.note))
         if plot is not None:
             render_plot(loaded, plot)
     except SpecwakeError as exc:
@@ -160,51 +181,91 @@ def report(
 @app.command()
 def compare(
     old: Annotated[
-        Path, typer.Argument(help="Earlier result (file, run folder or results folder).", show_default=False)
+        Path,
+        typer.Argument(
+            help="Earlier result (file, run folder, or results folder: its latest run).", show_default=False
+        ),
     ],
-    new: Annotated[Path, typer.Argument(help="Later result (file, run folder or results folder).", show_default=False)],
+    new: Annotated[
+        Path,
+        typer.Argument(help="Later result (file, run folder, or results folder: its latest run).", show_default=False),
+    ],
     max_al_drop: Annotated[float, typer.Option(min=0, max=1, help="Flag AL drops beyond this fraction.")] = 0.05,
     max_toks_drop: Annotated[
         float, typer.Option(min=0, max=1, help="Flag tok/s drops whose interval clears it.")
     ] = 0.10,
-    force: Annotated[bool, typer.Option(help="Compare even when the scenario files differ.")] = False,
+    every_run: Annotated[
+        bool, typer.Option("--all", help="A results folder means every run in it (e.g. all shards of one night).")
+    ] = False,
+    pair: Annotated[
+        list[str] | None,
+        typer.Option(help="OLD:NEW — compare scenario OLD of the old run with NEW of the new run (names differ)."),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="Compare even when the scenario files differ, and count regressions across a changed model, K or "
+            "max_tokens (otherwise listed, not counted)."
+        ),
+    ] = False,
 ) -> None:
     """Nightly trend: AL and tok/s per scenario × variant × stage, OLD vs NEW; exit 1 on a regression."""
     ui = Ui()
     try:
-        olds = {r.scenario.get("name"): r for r in load_results(old)}
-        news = {r.scenario.get("name"): r for r in load_results(new)}
-        both = [name for name in news if name in olds]
-        if not both:
-            raise InputError(
-                f"{old} and {new} share no scenario (old: {sorted(map(str, olds))}, new: {sorted(map(str, news))})"
-            )
-        comparisons = [
-            compare_results(olds[name], news[name], max_al_drop=max_al_drop, max_toks_drop=max_toks_drop, force=force)
-            for name in both
-        ]
+        pairs = [parse_pair(p) for p in pair or ()]
+        olds = merge_shards(load_many([old], every_run=every_run, note=ui.note))
+        news = merge_shards(load_many([new], every_run=every_run, note=ui.note))
+        comparisons, unmatched = compare_runs(
+            olds, news, pairs=pairs, max_al_drop=max_al_drop, max_toks_drop=max_toks_drop, force=force
+        )
     except SpecwakeError as exc:
         _fail(ui, exc)
     ui.note(f"old: {old}\nnew: {new}")
     ui.report("\n".join(render_comparison_markdown(c) for c in comparisons))
-    unmatched = sorted(set(map(str, olds)) ^ set(map(str, news)))
     if unmatched:
         ui.note(f"only on one side: {', '.join(unmatched)}")
-    raise typer.Exit(EXIT_FAIL if any(c.regressions for c in comparisons) else 0)
+    raise typer.Exit(EXIT_FAIL if any(c.counted_regressions for c in comparisons) else 0)
 
 
-@models_app.command("tiny")
+@models_app.command("list")
+def models_list() -> None:
+    """Every builtin model: name, drafter family, role, size, and whether it is built in the cache."""
+    cache = cache_dir()
+    rows = [
+        (f"builtin:{m.name}", m.family, m.role, f"{m.parameters / 1e6:.2f} M", _cached(model_dir(m.name, cache)))
+        for m in BUILTIN_MODELS
+    ]
+    ui = Ui()
+    ui.table(("name", "family", "role", "parameters", "cached"), rows)
+    ui.note(f"cache: {cache / 'models'}; build ahead of a run with `specwake models build NAME|all`")
+
+
+def _cached(path: Path) -> str:
+    return "yes" if path.is_dir() else "no"
+
+
+@models_app.command("build")
+def models_build(
+    name: Annotated[str, typer.Argument(help="A builtin model name (with or without `builtin:`), or `all`.")],
+    python: Annotated[str | None, typer.Option(help="Interpreter with torch (default: this one).")] = None,
+) -> None:
+    """Build builtin models into specwake's cache (SPECWAKE_CACHE) ahead of a run; built ones are reused."""
+    ui = Ui()
+    try:
+        names = [m.name for m in BUILTIN_MODELS] if name == "all" else [lookup(name.removeprefix("builtin:")).name]
+        for model in names:
+            path = ensure_builtin_model(model, python or sys.executable)
+            ui.note(f"builtin:{model} → {path}")
+    except SpecwakeError as exc:
+        _fail(ui, exc)
+
+
+@models_app.command("tiny", hidden=True)
 def models_tiny(
     python: Annotated[str | None, typer.Option(help="Interpreter with torch (default: this one).")] = None,
 ) -> None:
-    """Generate the builtin tiny-llama pair into specwake's cache (SPECWAKE_CACHE)."""
-    ui = Ui()
-    try:
-        for name in BUILTIN_MODELS:
-            path = ensure_builtin_model(name, python or sys.executable)
-            ui.note(f"builtin:{name} → {path}")
-    except SpecwakeError as exc:
-        _fail(ui, exc)
+    """Same as `specwake models build tiny-llama` (kept for scripts written before `models build`)."""
+    models_build("tiny-llama", python)
 
 
 @app.command()

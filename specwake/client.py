@@ -15,6 +15,10 @@ import httpx
 
 from specwake.errors import RequestFailed, RequestTimeout
 
+# /collective_rpc passes our deadline to the workers; the HTTP call waits this much longer, so the server's own
+# timeout answer (naming the worker) arrives before ours fires.
+RPC_SLACK_S = 5.0
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -130,14 +134,14 @@ class VllmClient:
             raise RequestFailed(f"POST /v1/completions: unexpected answer {_short(body)}") from None
         return Completion(text, tokens, answer.seconds)
 
-    def collective_rpc(self, method: str, *, timeout: float) -> Answer:
+    def collective_rpc(self, method: str, *, timeout: float, kwargs: dict[str, Any] | None = None) -> Answer:
         """Call a worker method on every worker; the answer body is `{"results": [...]}` or empty."""
-        payload = {"method": method, "args": [], "kwargs": {}, "timeout": timeout}
-        return self.request("POST", "/collective_rpc", timeout=timeout + 5, json=payload)
+        payload = {"method": method, "args": [], "kwargs": kwargs or {}, "timeout": timeout}
+        return self.request("POST", "/collective_rpc", timeout=timeout + RPC_SLACK_S, json=payload)
 
-    def rpc_results(self, method: str, *, timeout: float) -> list[Any]:
+    def rpc_results(self, method: str, *, timeout: float, kwargs: dict[str, Any] | None = None) -> list[Any]:
         """A worker method's per-worker results; raises on a non-2xx answer."""
-        answer = self.collective_rpc(method, timeout=timeout)
+        answer = self.collective_rpc(method, timeout=timeout, kwargs=kwargs)
         if not answer.ok:
             raise RequestFailed(f"collective_rpc {method}: HTTP {answer.status}: {_short(answer.body)}")
         body = answer.body

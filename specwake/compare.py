@@ -1,19 +1,23 @@
 """Comparison of two runs of one scenario (`specwake compare OLD NEW`): per-stage AL and tok/s changes.
 
-Pure: joins scenario × variant × stage, flags regressions, renders Markdown; plus result path lookup.
+Pure: pairs scenarios, says which resolved settings differ, joins variant × stage, flags regressions, renders
+Markdown.
 
 Regressions: a stage's AL fell below old × (1 − max_al_drop), or it had drafts before and none now;
 its tok/s interval (ratio of medians new/old, bootstrap) lies wholly below 1 − max_toks_drop; or a
 variant that matched its expectation before does not now (one "outcome" row per changed variant).
 An inconclusive tok/s call is shown but never a regression.
+
+Runs of different scenario files are compared only with `force`. When what a stage measures changed —
+the model, the drafter, K, max_tokens, the prompts — the comparison says so and its regressions are
+listed but not counted (no exit 1), unless `force` was given.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
 from specwake.errors import InputError
 from specwake.markdown import MISSING, cell
@@ -22,8 +26,6 @@ from specwake.stats import Ratio, call_change, ratio
 
 OUTCOME_STAGE = "outcome"  # the stage name of a variant-level (outcome) row
 NOT_APPLICABLE = Ratio(None, None, None, "not applicable")
-RESULT_FILE = "result.json"
-RUN_DIR = re.compile(r"^(\d{8}-\d{6})-.+")  # <UTC yyyymmdd-hhmmss>-<scenario>[-N], see runner.make_run_dir
 
 
 @dataclass(frozen=True)
@@ -45,20 +47,77 @@ class Row:
 
 
 @dataclass(frozen=True)
+class Difference:
+    key: str  # dotted path in the resolved settings, e.g. speculative.num_speculative_tokens
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.key} {_show(self.old)} → {_show(self.new)}"
+
+
+@dataclass(frozen=True)
 class Comparison:
     rows: list[Row]
     regressions: list[Row]
     only_old: list[str]  # "scenario / variant" or "scenario / variant / stage"
     only_new: list[str]
+    differences: list[Difference] = field(default_factory=list)
+    measurement_changed: bool = False  # model, drafter, K, max_tokens or prompts differ
+    counted: bool = True  # whether the regressions count toward the exit code
+
+    @property
+    def counted_regressions(self) -> list[Row]:
+        return self.regressions if self.counted else []
 
 
-def _check_same_scenario(old: ScenarioResult, new: ScenarioResult, force: bool) -> None:
+# Settings whose change changes what a stage measures: a "regression" across them compares different things.
+MEASUREMENT_KEYS = (
+    "server.model",
+    "server.dtype",
+    "speculative.method",
+    "speculative.model",
+    "speculative.num_speculative_tokens",
+    "workload.max_tokens",
+    "workload.prompts",
+    "workload.temperature",
+)
+IGNORED_KEYS = ("name", "description")  # labels, not settings
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix: data}
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def settings_differences(old: ScenarioResult, new: ScenarioResult) -> list[Difference]:
+    """Resolved settings that differ between two runs, key by key (labels such as the name are not settings)."""
+    a, b = (_flatten(r.scenario.get("settings") or {}) for r in (old, new))
+    keys = sorted(k for k in a.keys() | b.keys() if k.split(".")[0] not in IGNORED_KEYS)
+    return [Difference(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
+
+
+def _changes_measurement(difference: Difference) -> bool:
+    return any(difference.key == k or difference.key.startswith(k + ".") for k in MEASUREMENT_KEYS)
+
+
+def _check_same_scenario(old: ScenarioResult, new: ScenarioResult, differences: list[Difference]) -> None:
     old_sha, new_sha = old.scenario.get("sha256"), new.scenario.get("sha256")
-    if force or (old_sha and old_sha == new_sha):
+    if old_sha and old_sha == new_sha:
         return
+    what = "; ".join(map(str, differences)) if differences else "none (only the file's text differs)"
     raise InputError(
-        f"the runs are of different scenario files (old sha256 {old_sha or 'unknown'}, "
-        f"new sha256 {new_sha or 'unknown'}); pass --force to compare them anyway"
+        f"the runs are of different scenario files (old sha256 {old_sha or 'unknown'}, new sha256 "
+        f"{new_sha or 'unknown'}); resolved settings that differ: {what}; pass --force to compare them anyway"
     )
 
 
@@ -147,16 +206,16 @@ def compare(
     max_toks_drop: float = 0.10,
     force: bool = False,
 ) -> Comparison:
-    """Join OLD and NEW on scenario × variant × stage and flag regressions (see the module docstring).
-
-    Raises InputError naming both scenario sha256s when they differ (or one is unknown), unless force.
-    """
+    """Join OLD and NEW (one scenario, paired by the caller) on variant × stage and flag regressions (see the
+    module docstring). Raises InputError naming both sha256s and the differing settings when the scenario files
+    differ (or one is unknown), unless force."""
     _check_limit(max_al_drop, "max_al_drop")
     _check_limit(max_toks_drop, "max_toks_drop")
-    _check_same_scenario(old, new, force)
-    old_name, new_name = old.name, new.name
-    if old_name != new_name:  # nothing joins across different scenarios
-        return Comparison([], [], [old_name], [new_name])
+    differences = settings_differences(old, new)
+    if not force:
+        _check_same_scenario(old, new, differences)
+    measurement_changed = any(_changes_measurement(d) for d in differences)
+    new_name = new.name if new.name == old.name else f"{old.name} → {new.name}"
     old_vars = {v.name: v for v in old.variants}
     new_vars = {v.name: v for v in new.variants}
     rows: list[Row] = []
@@ -178,7 +237,57 @@ def compare(
             old_stage = old_stages.get(stage_name)
             if old_stage is not None:
                 rows.append(_stage_row(new_name, name, old_stage, new_stage, max_al_drop, max_toks_drop))
-    return Comparison(rows, [r for r in rows if r.regression], only_old, only_new)
+    regressions = [r for r in rows if r.regression]
+    counted = force or not measurement_changed
+    return Comparison(rows, regressions, only_old, only_new, differences, measurement_changed, counted)
+
+
+def pair_scenarios(
+    olds: Sequence[ScenarioResult], news: Sequence[ScenarioResult], pairs: Sequence[tuple[str, str]] = ()
+) -> tuple[list[tuple[ScenarioResult, ScenarioResult]], list[str]]:
+    """(old, new) results to compare — same name, or an explicit (old name, new name) pair — and the names
+    found on one side only. InputError when a pair names a scenario that is not there."""
+    by_old = {r.name: r for r in olds}
+    by_new = {r.name: r for r in news}
+    explicit = dict(pairs)
+    for old_name, new_name in explicit.items():
+        if old_name not in by_old or new_name not in by_new:
+            raise InputError(f"--pair {old_name}:{new_name}: old has {sorted(by_old)}, new has {sorted(by_new)}")
+    joined = [(by_old[o], by_new[n]) for o, n in explicit.items()]
+    used_old, used_new = set(explicit), set(explicit.values())
+    joined += [(by_old[n], by_new[n]) for n in by_new if n in by_old and n not in used_old and n not in used_new]
+    paired_old = {o.name for o, _ in joined}
+    paired_new = {n.name for _, n in joined}
+    unmatched = sorted({n for n in by_old if n not in paired_old} | {n for n in by_new if n not in paired_new})
+    return joined, unmatched
+
+
+def compare_runs(
+    olds: Sequence[ScenarioResult],
+    news: Sequence[ScenarioResult],
+    *,
+    pairs: Sequence[tuple[str, str]] = (),
+    max_al_drop: float = 0.05,
+    max_toks_drop: float = 0.10,
+    force: bool = False,
+) -> tuple[list[Comparison], list[str]]:
+    """Every paired scenario compared, and the scenario names found on one side only."""
+    joined, unmatched = pair_scenarios(olds, news, pairs)
+    if not joined:
+        raise InputError(
+            f"the runs share no scenario (old: {sorted(r.name for r in olds)}, new: {sorted(r.name for r in news)});"
+            " pair differently named scenarios with --pair OLD:NEW"
+        )
+    comparisons = [compare(o, n, max_al_drop=max_al_drop, max_toks_drop=max_toks_drop, force=force) for o, n in joined]
+    return comparisons, unmatched
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    """`OLD:NEW` → (OLD, NEW); InputError otherwise."""
+    old, sep, new = text.partition(":")
+    if not sep or not old or not new:
+        raise InputError(f"--pair: expected OLD:NEW (two scenario names), got {text!r}")
+    return old, new
 
 
 # ---------------------------------------------------------------- Markdown
@@ -227,7 +336,14 @@ def render_comparison_markdown(c: Comparison) -> str:
         if count
         else ("**specwake compare: no regressions**")
     )
+    if count and not c.counted:
+        headline += " (not counted: measured under different settings)"
     lines = [headline]
+    if c.differences:
+        label = "Settings differ" + (" — what a stage measures changed" if c.measurement_changed else "")
+        lines += ["", f"{label}: " + "; ".join(cell(str(d)) for d in c.differences)]
+    if c.measurement_changed and not c.counted:
+        lines += ["", "Regressions across changed settings are listed, not counted (pass --force to count them)."]
     for scenario in dict.fromkeys(r.scenario for r in c.rows):
         rows = [r for r in c.rows if r.scenario == scenario]
         lines += ["", f"### {cell(scenario)}", ""]
@@ -251,42 +367,3 @@ def render_comparison_markdown(c: Comparison) -> str:
             + ". An inconclusive call is never a regression.</sub>",
         ]
     return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------- paths
-
-
-def _runs_in(folder: Path) -> list[Path]:
-    """Run folders (named `<stamp>-<scenario>[-N]`, holding a result.json) directly inside `folder`."""
-    try:
-        entries = list(folder.iterdir())
-    except OSError as exc:
-        raise InputError(f"{folder}: cannot list: {exc.strerror or exc}") from exc
-    return [e for e in entries if RUN_DIR.match(e.name) and (e / RESULT_FILE).is_file()]
-
-
-def _run_order(run: Path) -> tuple[str, int, str]:
-    """Sort key: timestamp, then name length (`x` before `x-2` before `x-10`), then name."""
-    match = RUN_DIR.match(run.name)
-    stamp = match.group(1) if match else ""
-    return stamp, len(run.name), run.name
-
-
-def resolve_result_path(path: Path) -> Path:
-    """The result.json that `path` means: the file itself, a run folder's, or a results folder's latest run.
-
-    "Latest" is by the folder name's UTC timestamp. Raises InputError naming the path otherwise.
-    """
-    path = Path(path)
-    if path.is_file():
-        return path
-    if not path.exists():
-        raise InputError(f"{path}: no such file or folder")
-    if not path.is_dir():
-        raise InputError(f"{path}: not a result.json, run folder or results folder")
-    if (path / RESULT_FILE).is_file():
-        return path / RESULT_FILE
-    runs = _runs_in(path)
-    if not runs:
-        raise InputError(f"{path}: no {RESULT_FILE} here and no run folder (<yyyymmdd-hhmmss>-<scenario>) holding one")
-    return max(runs, key=_run_order) / RESULT_FILE

@@ -9,12 +9,15 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Sequence
 from types import TracebackType
 
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+
+from specwake.markdown import for_terminal
 
 
 def _interactive(console: Console) -> bool:
@@ -30,8 +33,9 @@ def split_event(message: str) -> tuple[str | None, str]:
 
 
 class Ui:
-    def __init__(self, quiet: bool = False, *, live: bool | None = None) -> None:
+    def __init__(self, quiet: bool = False, *, live: bool | None = None, terminal: bool | None = None) -> None:
         self.quiet = quiet
+        self._stdout_is_terminal = sys.stdout.isatty() if terminal is None else terminal
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
         self._t0 = time.monotonic()
         self._live_wanted = _interactive(self.err) if live is None else live
@@ -82,7 +86,16 @@ class Ui:
         if not self.quiet:
             self.err.print(escape(message), markup=True, emoji=False)
 
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        """A plain-text table on stdout, columns as wide as their widest cell (never wrapped: greppable)."""
+        widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
+        for row in (headers, *rows):
+            sys.stdout.write("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+        sys.stdout.flush()
+
     def report(self, text: str) -> None:
-        """A report, verbatim (pasteable), on stdout."""
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        """A report on stdout: the Markdown verbatim when stdout is a file or pipe (pasteable), plain text on a
+        terminal (no HTML wrappers, no escapes)."""
+        shown = for_terminal(text) if self._stdout_is_terminal else text
+        sys.stdout.write(shown if shown.endswith("\n") else shown + "\n")
         sys.stdout.flush()

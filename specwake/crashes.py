@@ -1,4 +1,5 @@
-"""Pure crash classification: a server fault plus the server's log text become one named crash class.
+"""Every failure class a variant can end with, and its meaning, in one place; plus the pure classification of
+a server fault: the runner's view plus the server's log text become one named class.
 
 GPU evidence (illegal memory access, out of memory) wins, then a dead engine, then the runner's own class.
 """
@@ -16,7 +17,23 @@ STARTUP_FAILED = "startup_failed"
 REQUEST_TIMEOUT = "request_timeout"
 STEP_FAILED = "step_failed"
 SERVER_EXITED = "server_exited"
+PORT_CONFLICT = "port_conflict"
+OVERLAY_NOT_USED = "overlay_not_used"
 
+# Class → meaning. The first three arise only before anything is measured: outcome `error`, never `crash`.
+MEANINGS: dict[str, str] = {
+    STARTUP_FAILED: "the server never became ready",
+    PORT_CONFLICT: "a foreign server answered on the port picked for ours; nothing was measured",
+    OVERLAY_NOT_USED: "a worker imported vLLM from somewhere other than the variant's own (overlay or install)",
+    CUDA_ILLEGAL_MEMORY_ACCESS: "CUDA illegal memory access",
+    CUDA_OOM: "CUDA out of memory",
+    ENGINE_DEAD: "the vLLM engine core died",
+    REQUEST_TIMEOUT: "a request or cycle step did not answer before its deadline",
+    STEP_FAILED: "a request or cycle step failed while the server stayed up",
+    SERVER_EXITED: "the server process exited",
+}
+ERROR_CLASSES: tuple[str, ...] = (STARTUP_FAILED, PORT_CONFLICT, OVERLAY_NOT_USED)
+# What `classify` can name (startup_failed included: a server that died while starting).
 CRASH_CLASSES: tuple[str, ...] = (
     CUDA_ILLEGAL_MEMORY_ACCESS,
     CUDA_OOM,
@@ -53,11 +70,18 @@ ILLEGAL_MEMORY_ACCESS: Patterns = _compile(
 # of memory, consider decreasing `gpu_memory_utilization`", "... to avoid OOM" or "This may cause
 # out-of-memory errors." names no failed allocation and must not match; neither does `except
 # torch.cuda.OutOfMemoryError as e:` echoed in a traceback (no ':' or '(' right after the name).
-OUT_OF_MEMORY: Patterns = _compile(
-    r"\bOutOfMemoryError\b\s*[:(]",
-    r"\b(?:CUDA|HIP) out of memory\b",
-    r"\b(?:CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|hipErrorOutOfMemory)\b",
-    r"Failed to load model - not enough GPU memory",
+# vLLM's cumem allocator failing while waking up prints "CUDA Error: out of memory at …cumem_allocator.cpp:163"
+# (0.33; the line differs between builds), torch's runtime "CUDA error: out of memory", NCCL "Cuda failure
+# 'out of memory'" or "Cuda failure 2 'out of memory'" (with NCCL_DEBUG ≥ WARN). Case does not matter.
+OUT_OF_MEMORY: Patterns = (
+    *_compile(
+        r"\bOutOfMemoryError\b\s*[:(]",
+        r"\b(?:CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|hipErrorOutOfMemory)\b",
+        r"Failed to load model - not enough GPU memory",
+    ),
+    re.compile(r"\b(?:CUDA|HIP) out of memory\b", re.IGNORECASE),
+    re.compile(r"\bCUDA error: out of memory\b", re.IGNORECASE),
+    re.compile(r"\bCuda failure (?:\d+ )?'out of memory'", re.IGNORECASE),
 )
 
 # The engine core (or a worker under it) is gone. vLLM 0.32/0.33 print "EngineCore encountered a fatal
@@ -90,6 +114,8 @@ SIGNAL_SHUTDOWN_MARKERS: Patterns = _compile(
 # A vLLM log line below ERROR: "(EngineCore pid=7) WARNING 11-29 17:59:14 [file.py:12] ...". Such lines carry
 # advice ("... to avoid OOM") and recovered faults; they never count as out-of-memory or fallback evidence.
 CHATTER_LINE = re.compile(r"^\s*(?:\([^)]*\)\s+)?(?:DEBUG|INFO|WARNING)\s+\d\d-\d\d\s")
+# vLLM's prefix of any log line: "(EngineCore pid=7) ERROR 11-29 17:59:14 [file.py:12] ".
+CHATTER_PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?:[A-Z]+\s+\d\d-\d\d\s+[\d:]+\s+\[[^\]]*\]\s*)?")
 
 # For the fallback classes: the lines most likely to say what went wrong (exception announcements).
 ERROR_LINES: Patterns = _compile(
@@ -97,16 +123,9 @@ ERROR_LINES: Patterns = _compile(
     r"\b(?:CUDA|HIP|NCCL) error\b",
     r"\bdied (?:unexpectedly|with exit code)",
 )
-
-_REASONS = {
-    CUDA_ILLEGAL_MEMORY_ACCESS: "CUDA illegal memory access",
-    CUDA_OOM: "CUDA out of memory",
-    ENGINE_DEAD: "the vLLM engine core died",
-    STARTUP_FAILED: "the server never became ready",
-    REQUEST_TIMEOUT: "a request or cycle step did not answer before its deadline",
-    STEP_FAILED: "a request or cycle step failed while the server stayed up",
-    SERVER_EXITED: "the server process exited",
-}
+# The line that announces an exception: "AssertionError", "(Worker pid=9) ERROR ... ValueError: bad shape". A bare
+# name counts too (`assert` without a message prints only "AssertionError").
+EXCEPTION_LINE = re.compile(r"(?<![\w.])((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception))(?::\s.*)?$")
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,7 @@ class Crash:
     cls: str  # one of CRASH_CLASSES
     lines: tuple[str, ...]  # up to ~5 first matching log lines (stripped), for the report
     reason: str  # one human line
+    first_error: str | None = None  # the first exception the server (or a worker) announced, as it printed it
 
 
 def first_matching_lines(log_text: str, patterns: Iterable[re.Pattern[str]], limit: int = 5) -> tuple[str, ...]:
@@ -140,6 +160,16 @@ def _first_index(lines: list[str], patterns: Patterns) -> int | None:
     return next((i for i, line in enumerate(lines) if any(p.search(line) for p in patterns)), None)
 
 
+def first_exception(text: str) -> str | None:
+    """The first line of `text` that announces an exception (stripped of vLLM's log prefix), or None."""
+    for raw in text.splitlines():
+        line = CHATTER_PREFIX.sub("", raw.strip())
+        match = EXCEPTION_LINE.search(line)
+        if match and not line.startswith(("File ", "raise ", "except ")):
+            return line[match.start() :]
+    return None
+
+
 def relevant_log(log_text: str, phase: str) -> str:
     """The part of the log that can explain a fault in ``phase``.
 
@@ -158,8 +188,8 @@ def relevant_log(log_text: str, phase: str) -> str:
 
 def _reason(cls: str, phase: str, fault_class: str, server_alive: bool) -> str:
     where = f" during {phase}" if phase else ""
-    text = _REASONS[cls] + where
-    if cls != fault_class and fault_class in _REASONS:
+    text = MEANINGS[cls] + where
+    if cls != fault_class and fault_class in MEANINGS:
         text += f" (seen as {fault_class.replace('_', ' ')})"
     if not server_alive and cls not in (SERVER_EXITED, STARTUP_FAILED):
         text += "; the server process is gone"
@@ -185,12 +215,13 @@ def classify(*, fault_class: str, log_text: str, phase: str, server_alive: bool,
     ]
     if phase != STARTUP_PHASE and fault_class != STARTUP_FAILED:
         candidates.append((ENGINE_DEAD, ENGINE_DEATH, evidence))
+    first_error = first_exception(relevant_log(log_text, phase)) or first_exception(message)
     for cls, patterns, text in candidates:
         lines = first_matching_lines(text, patterns)
         if lines:
-            return Crash(cls, lines, _reason(cls, phase, fault_class, server_alive))
+            return Crash(cls, lines, _reason(cls, phase, fault_class, server_alive), first_error)
     cls = fault_class
     if not server_alive and fault_class in (STEP_FAILED, REQUEST_TIMEOUT):
         cls = SERVER_EXITED
     lines = first_matching_lines(errors_only, ERROR_LINES)
-    return Crash(cls, lines, _reason(cls, phase, fault_class, server_alive))
+    return Crash(cls, lines, _reason(cls, phase, fault_class, server_alive), first_error)

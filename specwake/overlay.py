@@ -260,7 +260,10 @@ def build_overlay(diff_path: Path, package_dir: Path, vllm_version: str, cache: 
     try:
         mirror_package(package, tmp / PACKAGE)
         materialize(tmp, info)
-        apply_diff(tmp, data, info)
+        try:
+            apply_diff(tmp, data, info)
+        except PatchError as exc:  # what a contributor must rebase onto
+            raise PatchError(f"{exc} (tried against vLLM {vllm_version} at {package})") from None
         manifest = {
             "layout": LAYOUT,
             "diff": str(diff_path),

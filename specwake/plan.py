@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from specwake.errors import PlatformMismatch
 from specwake.scenario import Scenario, Variant
 
-WORKER_EXTENSION = "specwake.worker_ext.SpecwakeWorkerExtension"
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+WORKER_EXTENSION = "specwake.worker.extension.SpecwakeWorkerExtension"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # deprecated upstream; kept where `vllm serve` cannot run
+CLI_MODULE = "vllm.entrypoints.cli.main"  # `vllm serve`
 HOST = "127.0.0.1"
 
 # Variables passed from specwake's own environment to a server; everything else is dropped.
@@ -35,6 +36,10 @@ ENV_ALLOW_PREFIXES = (
     "VLLM_",
     "CUDA_",
     "NCCL_",
+    "TRITON_",
+    "FLASHINFER_",
+    "PYTORCH_",
+    "NVIDIA_",
     "HF_",
     "HUGGING_FACE_",
     "TRANSFORMERS_",
@@ -96,6 +101,7 @@ def speculative_config(scenario: Scenario, draft_model: str | None) -> dict[str,
 
 def build_server_command(
     scenario: Scenario,
+    variant: Variant,
     *,
     python: str,
     port: int,
@@ -103,10 +109,15 @@ def build_server_command(
     draft_model: str | None,
     sleep_mode: bool,
     is_gpu: bool,
+    entrypoint: str = "api_server",
 ) -> list[str]:
-    """The exact `vllm serve` argv for one variant (never a shell string)."""
+    """The exact server argv for one variant (never a shell string): `vllm serve MODEL …` through its module where
+    the variant's vLLM supports it (entrypoint "cli"), else the OpenAI api_server module with `--model`."""
     server = scenario.server
-    argv = [python, "-m", SERVER_MODULE, "--host", HOST, "--port", str(port), "--model", model]
+    if entrypoint == "cli":
+        argv = [python, "-m", CLI_MODULE, "serve", model, "--host", HOST, "--port", str(port)]
+    else:
+        argv = [python, "-m", SERVER_MODULE, "--host", HOST, "--port", str(port), "--model", model]
     argv += ["--tensor-parallel-size", str(server.tensor_parallel_size), "--dtype", server.dtype]
     if server.enforce_eager:
         argv.append("--enforce-eager")
@@ -114,12 +125,13 @@ def build_server_command(
         argv += ["--max-model-len", str(server.max_model_len)]
     if server.gpu_memory_utilization is not None and is_gpu:
         argv += ["--gpu-memory-utilization", str(server.gpu_memory_utilization)]
-    spec = speculative_config(scenario, draft_model)
-    argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
+    if variant.speculative:
+        spec = speculative_config(scenario, draft_model)
+        argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
     argv += ["--worker-extension-cls", WORKER_EXTENSION]
     if sleep_mode:
         argv.append("--enable-sleep-mode")
-    argv += list(server.args)
+    argv += [*server.args, *variant.args]
     return argv
 
 
@@ -137,6 +149,21 @@ def cpu_thread_binding(tp: int, cpu_ids: list[int]) -> str | None:
     return "|".join(ranges)
 
 
+def physical_devices(visible: Sequence[int], parent: str | None) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES entries for visible indices `visible`. The engine probe counts GPUs *inside* the
+    parent's CUDA_VISIBLE_DEVICES (Slurm and CI runners slice it), so index i means the parent's i-th entry —
+    an integer, a `GPU-…` UUID or a `MIG-…` id — not physical GPU i. Without a parent list, i is GPU i."""
+    if parent is None:
+        return [str(i) for i in visible]
+    entries = [e.strip() for e in parent.split(",") if e.strip()]
+    missing = [i for i in visible if not 0 <= i < len(entries)]
+    if missing:
+        raise PlatformMismatch(
+            f"GPU index {missing[0]} is not visible: CUDA_VISIBLE_DEVICES={parent!r} lists {len(entries)} device(s)"
+        )
+    return [entries[i] for i in visible]
+
+
 def build_server_env(
     scenario: Scenario,
     variant: Variant,
@@ -152,7 +179,10 @@ def build_server_env(
     added: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": ":".join(pythonpath)}
     if is_gpu:
         if gpus:
-            added["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+            devices = physical_devices(gpus, base_env.get("CUDA_VISIBLE_DEVICES"))
+            added["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+        # vLLM reads integer entries as NVML (PCI bus) indices; the CUDA runtime's default order may differ.
+        added["CUDA_DEVICE_ORDER"] = base_env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     else:
         added.setdefault("VLLM_CPU_KVCACHE_SPACE", env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
         binding = cpu_thread_binding(scenario.server.tensor_parallel_size, cpu_ids)

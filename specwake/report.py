@@ -1,35 +1,27 @@
-"""Renderers of finished runs: the PR-comment Markdown, JSON and a per-stage pandas frame (stages.csv).
-
-Also the run folder's writer (result.json atomically, report.md, stages.csv) and result.json reader.
-"""
+"""Renderers of finished runs: the PR-comment Markdown, JSON and a per-stage pandas frame (stages.csv)."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from specwake.errors import InputError, ResultsUnwritable
-from specwake.files import write_atomic
 from specwake.markdown import MISSING, cell, inline, num, short_sha
 from specwake.report_details import details
-from specwake.results import ScenarioResult, StageResult, VariantResult, from_dict, to_dict, to_json
-from specwake.stats import Ratio, Summary, ratio, speed_recovered, summarize
-from specwake.verdict import INCOMPLETE, explain
+from specwake.results import ScenarioResult, StageResult, VariantResult, to_dict
+from specwake.stats import Ratio, Summary, ratio, summarize
+from specwake.verdict import INCOMPLETE, SpeedRule, explain, recorded_speed_rule, recorded_tolerance, speed_after_cycles
 
-RESULT_FILE = "result.json"
-REPORT_FILE = "report.md"
-STAGES_FILE = "stages.csv"
-DEFAULT_TOLERANCE = 0.05  # used only when a result does not record its [expect] tolerance
-DEFAULT_MIN_SPEEDUP = 0.9  # used only when a result does not record expect.min_speedup_recovery
 EMULATED_NOTE = (
-    "L2 discard emulated on CPU: after /sleep?level=2 specwake zeroed every parameter tensor vLLM exposes "
-    "(CPU linear layers also keep packed oneDNN copies it cannot reach); wake and reload are unmodified vLLM"
+    "L2 discard emulated on CPU: after /sleep?level=2 specwake overwrote every parameter of target and drafter "
+    "({fill}) and made the packed CPU copies of linear layers answer the same until a reload replaces them; "
+    "wake and reload_weights are unmodified vLLM"
 )
+FILL_WORDS = {"zero": "zeros", "nan": "NaN", "random": "random values, like memory CUDA hands back uncleared"}
 RESET_MARK = " †"
 RESET_NOTE = "† a counter went backwards during this stage (engine restarted): its numbers count from the restart"
 # Stage table: (header, alignment row, minimum width). Fixed widths keep a re-rendered comment's diff row-local.
@@ -51,7 +43,6 @@ STAGE_COLUMNS = tuple(
     tok_s_vs_fresh_high
     """.split()
 )
-SPEED_WORDS = {"yes": "kept", "no": "lost", "inconclusive": "inconclusive"}
 _VERDICT_RANK = {"pass": 0, "error": 1, "fail": 2}
 _VERDICT_ICON = {"pass": "✅", "fail": "❌", "error": "⚠️"}
 
@@ -82,26 +73,6 @@ def _rows(variant: VariantResult) -> list[_Row]:
         _Row(s, summarize(s.tok_s), ratio(s.tok_s, fresh.tok_s) if fresh is not None and s.cycle > 0 else None)
         for s in _stages(variant)
     ]
-
-
-def _tolerance(result: ScenarioResult) -> float:
-    return result.expectation("tolerance", DEFAULT_TOLERANCE)
-
-
-def _min_speedup(result: ScenarioResult) -> float:
-    return result.expectation("min_speedup_recovery", DEFAULT_MIN_SPEEDUP)
-
-
-def speed_call(variant: VariantResult, min_ratio: float) -> tuple[str, list[tuple[str, str]]] | None:
-    """kept | lost | inconclusive for after-cycle tok/s vs fresh, with the per-stage calls; None if unmeasured."""
-    fresh = _fresh(variant)
-    post = [s for s in _stages(variant) if s.cycle > 0]
-    if fresh is None or not post or min_ratio <= 0:
-        return None
-    calls = [(s.name, SPEED_WORDS[speed_recovered(fresh.tok_s, s.tok_s, min_ratio)]) for s in post]
-    words = {word for _, word in calls}
-    overall = "lost" if "lost" in words else ("kept" if words == {"kept"} else "inconclusive")
-    return overall, calls
 
 
 def _after_samples(variant: VariantResult) -> list[float]:
@@ -174,21 +145,21 @@ def _mark(variant: VariantResult) -> str:
     return "✓" if variant.matched else "✗"
 
 
-def _speed_text(variant: VariantResult, min_ratio: float) -> str:
-    call = speed_call(variant, min_ratio)
+def _speed_text(variant: VariantResult, rule: SpeedRule) -> str:
+    call = speed_after_cycles(variant.stages, rule.min_ratio)
     if call is None:
         return ""
-    overall, calls = call
-    text = f"; tok/s after the cycles: **{overall}** (threshold {min_ratio:.2f}× fresh"
-    if len({word for _, word in calls}) > 1:
-        text += "; " + ", ".join(f"{name} {word}" for name, word in calls)
-    return text + ")"
+    ratio_text = "" if call.ratio is None else f"{call.ratio:.2f}× fresh "
+    return (
+        f"; tok/s after the cycles: {ratio_text}({call.n_fresh} vs {call.n_post} requests): **{call.word}**"
+        f" — {call.reason}; {rule.why}, threshold {rule.min_ratio:.2f}× fresh"
+    )
 
 
-def _variant_line(variant: VariantResult, tolerance: float, min_ratio: float) -> str:
+def _variant_line(variant: VariantResult, tolerance: float, rule: SpeedRule) -> str:
     return inline(
         f"- **{variant.name}**: {variant.outcome} (expected {variant.expected}) {_mark(variant)}"
-        f" — {explain(variant, tolerance)}{_speed_text(variant, min_ratio)}"
+        f" — {explain(variant, tolerance)}{_speed_text(variant, rule)}"
     )
 
 
@@ -205,6 +176,57 @@ def _patched_vs_baseline(variants: Sequence[VariantResult]) -> list[str]:
     ]
 
 
+def _floor_lines(variants: Sequence[VariantResult]) -> list[str]:
+    """tok/s after the cycles of every speculating variant against the no-speculation floor."""
+    floor = next((v for v in variants if v.outcome == "floor" and _after_samples(v)), None)
+    if floor is None:
+        return []
+    parts = [
+        f"{v.name} {_ratiocell(ratio(_after_samples(v), _after_samples(floor)))}×"
+        for v in variants
+        if v is not floor and _after_samples(v)
+    ]
+    if not parts:
+        return []
+    return [
+        f"- tok/s after the cycles against the no-speculation floor ({floor.name}): "
+        + ", ".join(parts)
+        + " — a collapsed drafter sits at 1×: every drafted token is wasted work"
+    ]
+
+
+WAKE_STEPS = ("wake_weights", "reload_weights", "wake_kv_cache", "wake_up")
+MIB = 1024 * 1024
+
+
+def _wake_cost(variant: VariantResult) -> tuple[float | None, int | None]:
+    """(median seconds per cycle from the first wake step to the end of the wake, median host RSS after it)."""
+    per_cycle: dict[int, float] = {}
+    rss: dict[int, int] = {}
+    for step in variant.steps:
+        if step.name in WAKE_STEPS and step.ok:
+            per_cycle[step.cycle] = per_cycle.get(step.cycle, 0.0) + step.seconds
+        if step.rss_bytes is not None:
+            rss[step.cycle] = step.rss_bytes  # the last step of the cycle wins: after the wake
+    seconds = statistics.median(per_cycle.values()) if per_cycle else None
+    host = int(statistics.median(rss.values())) if rss else None
+    return seconds, host
+
+
+def _cost_table(variants: Sequence[VariantResult]) -> list[str]:
+    """What each variant's wake costs, side by side: the trade-off of reloading against preserving in host memory."""
+    rows = [(v.name, *_wake_cost(v)) for v in variants if v.steps]
+    if not any(seconds is not None or host is not None for _, seconds, host in rows):
+        return []
+    lines = [
+        "| variant | wake + reload per cycle (s, median) | host RSS after wake (MiB, median) |",
+        "| --- | ---: | ---: |",
+    ]
+    for name, seconds, host in rows:
+        lines.append(f"| {cell(name)} | {num(seconds, 3)} | {MISSING if host is None else f'{host / MIB:.0f}'} |")
+    return ["", *lines]
+
+
 def _unique(values: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
@@ -216,13 +238,22 @@ def _interval_phrase(result: ScenarioResult) -> str:
     return f"tok/s CI: {', '.join(medians) or MISSING}; ratio CI: {', '.join(ratios) or MISSING}"
 
 
+def _gpus(variant: VariantResult) -> str:
+    """`baseline 0,1 (CUDA_VISIBLE_DEVICES=4,5)`: visible indices, and the device ids the server was given."""
+    gpus = variant.info.get("gpus") if isinstance(variant.info, dict) else None
+    if not isinstance(gpus, list) or not gpus:
+        return ""
+    devices = variant.info.get("devices")
+    shown = ",".join(map(str, gpus))
+    return f"{variant.name} {shown}" + (f" (CUDA_VISIBLE_DEVICES={devices})" if devices and devices != shown else "")
+
+
 def provenance_line(result: ScenarioResult) -> str:
     """The footer: versions, hashes, host, GPUs, discard kind, run mode, interval method, start time."""
     variants = result.variants
     versions = ", ".join(f"{v.name} {v.vllm_version or MISSING}" for v in variants)
     patches = ", ".join(f"{v.name} {short_sha(v.patch_sha256)}" for v in variants if v.patch_sha256)
-    gpus = [(v.name, v.info.get("gpus")) for v in variants if isinstance(v.info, dict)]
-    gpu_text = "; ".join(f"{n} {','.join(map(str, g))}" for n, g in gpus if isinstance(g, list) and g)
+    gpu_text = "; ".join(_gpus(v) for v in variants if _gpus(v))
     parts = [
         f"specwake {result.specwake_version}",
         f"vLLM: {versions or MISSING}",
@@ -262,16 +293,20 @@ def _setup_line(result: ScenarioResult) -> list[str]:
 
 
 def _scenario_section(result: ScenarioResult) -> list[str]:
-    tolerance, min_ratio = _tolerance(result), _min_speedup(result)
+    tolerance = recorded_tolerance(result)
     icon = _VERDICT_ICON.get(result.verdict, "⚠️")
     status = result.verdict.upper() + ("" if result.complete else " (incomplete run)")
     lines = [f"### {inline(result.name)} — {icon} {status}", "", *_setup_line(result), *_table(result.variants), ""]
-    lines += [_variant_line(v, tolerance, min_ratio) for v in result.variants]
+    lines += [_variant_line(v, tolerance, recorded_speed_rule(result, v)) for v in result.variants]
     lines += _patched_vs_baseline(result.variants)
+    lines += _floor_lines(result.variants)
+    lines += _cost_table(result.variants)
     if any(s.counters_reset for v in result.variants for s in v.stages):
         lines += ["", RESET_NOTE]
     if any(v.l2_discard == "emulated" for v in result.variants):
-        lines += ["", f"> {EMULATED_NOTE}"]
+        cycle = _section(result.scenario.get("settings") or {}, "cycle")
+        fill = FILL_WORDS.get(str(cycle.get("discard_fill", "zero")), str(cycle.get("discard_fill")))
+        lines += ["", f"> {EMULATED_NOTE.format(fill=fill)}"]
     for variant in result.variants:
         block = details(variant)
         lines += ["", *block] if block else []
@@ -309,9 +344,30 @@ def verdict_line(results: Sequence[ScenarioResult]) -> str:
     return inline(line + (" — " + "; ".join(offenders) if offenders else ""))
 
 
+def _matrix_cell(variant: VariantResult | None) -> str:
+    if variant is None:
+        return MISSING
+    if variant.outcome in ("error", INCOMPLETE) or not variant.matched:
+        return f"{variant.outcome} {_mark(variant)} (expected {variant.expected})"
+    return f"{variant.outcome} {_mark(variant)}"
+
+
+def matrix(results: Sequence[ScenarioResult]) -> list[str]:
+    """Scenario × variant outcomes at a glance (for a run of several scenarios, e.g. the CPU family matrix)."""
+    names = _unique([v.name for r in results for v in r.variants])
+    lines = ["| scenario | " + " | ".join(cell(n) for n in names) + " |", "| --- |" + " --- |" * len(names)]
+    for result in results:
+        by_name = {v.name: v for v in result.variants}
+        cells = [cell(_matrix_cell(by_name.get(n))) for n in names]
+        lines.append(f"| {cell(result.name)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_markdown(results: Sequence[ScenarioResult]) -> str:
-    """The PR-comment Markdown of one or more scenario results."""
+    """The PR-comment Markdown of one or more scenario results (several: with a scenario × variant matrix)."""
     lines = [f"## {verdict_line(results)}"]
+    if len(results) > 1:
+        lines += ["", *matrix(results)]
     for result in results:
         lines += ["", *_scenario_section(result)]
     return "\n".join(lines) + "\n"
@@ -364,43 +420,3 @@ def stages_frame(results: Sequence[ScenarioResult]) -> pd.DataFrame:
 def render_csv(results: Sequence[ScenarioResult]) -> str:
     """stages_frame(results) as CSV text (the content of stages.csv)."""
     return str(stages_frame(results).to_csv(index=False))
-
-
-# ---------------------------------------------------------------- files
-
-
-def write_run_files(run_dir: Path, result: ScenarioResult) -> None:
-    """Write result.json, report.md and stages.csv into `run_dir` (created if needed).
-
-    Raises ResultsUnwritable naming the folder when anything cannot be written.
-    """
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(run_dir / RESULT_FILE, to_json(result))
-        write_atomic(run_dir / REPORT_FILE, render_markdown([result]))
-        write_atomic(run_dir / STAGES_FILE, render_csv([result]))
-    except OSError as exc:
-        raise ResultsUnwritable(f"{run_dir}: cannot write run files: {exc}") from exc
-
-
-def load_result(path: Path) -> ScenarioResult:
-    """Read a result.json or a run folder's; raises InputError("<path>: <reason>") otherwise."""
-    file = path / RESULT_FILE if path.is_dir() else path
-    if not file.exists():
-        raise InputError(f"{file}: no such file")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{file}: cannot read: {exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{file}: invalid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InputError(f"{file}: not a specwake result (top level is not an object)")
-    try:
-        return from_dict(data)
-    except ValueError as exc:
-        raise InputError(f"{file}: {exc}") from exc
-    except (TypeError, AttributeError) as exc:
-        raise InputError(f"{file}: not a specwake result: {exc}") from exc

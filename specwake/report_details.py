@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import shlex
 
-from specwake.diagnose import draft_zero_line, memory_line
 from specwake.markdown import MISSING, cell, fenced, inline
 from specwake.results import StageResult, VariantResult
+from specwake.weights import ROLES, memory_line, weights_line
 
 
 def _stages(variant: VariantResult) -> list[StageResult]:
@@ -46,7 +46,8 @@ def _diagnostic_lines(variant: VariantResult) -> list[str]:
         parts = [f"{k.replace('_', ' ')} {v:.1f} s" for k, v in timings.items() if isinstance(v, int | float)]
         lines.append("- time: " + " · ".join(parts))
     if variant.diagnostics:
-        lines += [f"- {line}" for line in (draft_zero_line(variant.diagnostics), memory_line(variant.diagnostics))]
+        weights = [weights_line(variant.diagnostics, role) for role in ROLES]
+        lines += [f"- {line}" for line in (*weights, memory_line(variant.diagnostics)) if line is not None]
         lines += [f"- diagnostic at {e.get('point')} failed: {e['error']}" for e in variant.diagnostics if "error" in e]
     return [inline(line) for line in lines if line is not None]
 
@@ -56,6 +57,8 @@ def _failure_lines(variant: VariantResult) -> list[str]:
         return []
     default = "startup_failed" if variant.outcome == "error" else "unknown"
     lines = [f"**{variant.outcome}** — class `{variant.crash_class or default}`", ""]
+    if variant.first_error:
+        lines += [f"First error the server announced: `{inline(variant.first_error)}`", ""]
     if variant.error:
         lines += ["Error:", "", *fenced(variant.error), ""]
     crash_lines = variant.info.get("crash_lines") if isinstance(variant.info, dict) else None

@@ -46,6 +46,7 @@ class StepResult:
     ok: bool
     error: str | None = None
     response: Any = None
+    rss_bytes: int | None = None  # host RSS of the server's process group right after the step
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class VariantResult:
     env: dict[str, str]
     error: str | None = None
     crash_class: str | None = None
+    first_error: str | None = None  # the first exception the server or a worker announced (crashes)
     log_path: str | None = None
     log_excerpt: str | None = None
     stages: list[StageResult] = field(default_factory=list)
@@ -97,9 +99,9 @@ class ScenarioResult:
     def name(self) -> str:
         return str(self.scenario.get("name") or "unnamed")
 
-    def expectation(self, key: str, default: float) -> float:
+    def expectation(self, key: str, default: float | None) -> float | None:
         """A number of the scenario's [expect] table as recorded (`tolerance`, `min_speedup_recovery`);
-        `default` for results that did not record it."""
+        `default` where the result records none (not set, or a result from before the key existed)."""
         settings = self.scenario.get("settings")
         expect = settings.get("expect") if isinstance(settings, dict) else None
         value = expect.get(key) if isinstance(expect, dict) else None

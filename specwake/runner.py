@@ -16,45 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from specwake import __version__
-from specwake.errors import Interrupted, ResultsUnwritable
+from specwake.errors import Interrupted
 from specwake.plan import redact_env
 from specwake.prepare import PreparedVariant
-from specwake.report import write_run_files
 from specwake.results import ScenarioResult, VariantResult
+from specwake.runfolder import write_run_files
 from specwake.scenario import Scenario
 from specwake.schedule import Job, run_packed
 from specwake.variant_run import VariantRun
 from specwake.verdict import INCOMPLETE, decide_verdict
 
 Events = Callable[[str], None]
-
-
-def make_run_dir(root: Path, scenario_name: str, now: dt.datetime) -> Path:
-    """A new folder `<root>/<UTC yyyymmdd-hhmmss>-<name>[-N]`; never reuses an existing one."""
-    stamp = now.astimezone(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        for n in range(1, 1000):
-            path = root / (f"{stamp}-{scenario_name}" + (f"-{n}" if n > 1 else ""))
-            try:
-                path.mkdir()
-            except FileExistsError:
-                continue
-            return path
-    except OSError as exc:
-        raise ResultsUnwritable(f"results folder not writable: {exc.filename or root}: {exc.strerror}") from None
-    raise ResultsUnwritable(f"{root}: could not find a free run folder name")
-
-
-def check_writable(root: Path) -> None:
-    """Fail before anything is launched when results could not be written (exit 3, naming the path)."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".specwake-write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ResultsUnwritable(f"results folder not writable: {exc.filename or root}: {exc.strerror}") from None
 
 
 def host_info() -> dict[str, Any]:
@@ -71,9 +43,16 @@ def _now_iso() -> str:
 
 
 def assemble(
-    scenario: Scenario, variants: Sequence[VariantResult], started_at: str, *, complete: bool, mode: str
+    scenario: Scenario,
+    variants: Sequence[VariantResult],
+    started_at: str,
+    *,
+    complete: bool,
+    mode: str,
+    shard: str | None = None,
 ) -> ScenarioResult:
-    """The scenario result; a variant still running (outcome `incomplete`) takes no part in the verdict."""
+    """The scenario result; a variant still running (outcome `incomplete`) takes no part in the verdict.
+    `shard`: "K/N" when this machine ran only its share of the jobs (specwake.shards)."""
     verdict = decide_verdict([(v.outcome, v.expected) for v in variants if v.outcome != INCOMPLETE])
     return ScenarioResult(
         scenario={
@@ -82,6 +61,7 @@ def assemble(
             "sha256": scenario.sha256,
             "settings": _redacted_settings(scenario.settings()),
             "mode": mode,
+            **({"shard": shard} if shard else {}),
         },
         verdict=verdict,
         started_at=started_at,
@@ -116,8 +96,9 @@ class Recorder:
         mode: str,
         kept: Sequence[VariantResult] = (),
         started_at: str | None = None,
+        shard: str | None = None,
     ) -> None:
-        self.scenario, self.run_dir, self.runs, self.mode = scenario, run_dir, runs, mode
+        self.scenario, self.run_dir, self.runs, self.mode, self.shard = scenario, run_dir, runs, mode, shard
         self.kept = list(kept)  # complete results carried over from an earlier, interrupted run (--resume)
         self.started_at = started_at or _now_iso()
         self._lock = threading.Lock()
@@ -127,7 +108,7 @@ class Recorder:
         merged = {v.name: v for v in self.kept} | fresh
         order = [v.name for v in self.scenario.variants]
         variants = sorted(merged.values(), key=lambda v: order.index(v.name) if v.name in order else len(order))
-        return assemble(self.scenario, variants, self.started_at, complete=complete, mode=self.mode)
+        return assemble(self.scenario, variants, self.started_at, complete=complete, mode=self.mode, shard=self.shard)
 
     def add(self, run: VariantRun) -> None:
         """A variant that starts now (packed runs start a scenario's variants from job threads)."""
@@ -150,6 +131,7 @@ def run_scenario(
     interleave: bool = False,
     kept: Sequence[VariantResult] = (),
     started_at: str | None = None,
+    shard: str | None = None,
 ) -> ScenarioResult:
     """Run every prepared variant; result files are rewritten after every phase, so an interrupted run
     (Ctrl-C, SIGTERM) leaves a valid partial result.
@@ -158,7 +140,7 @@ def run_scenario(
     drift of clocks or load does not bias one variant against the other.
     """
     runs = [VariantRun(scenario, prep, run_dir, events) for prep in prepared]
-    recorder = Recorder(scenario, run_dir, runs, "interleaved" if interleave else "sequential", kept, started_at)
+    recorder = Recorder(scenario, run_dir, runs, "interleaved" if interleave else "sequential", kept, started_at, shard)
     try:
         if interleave:
             _run_interleaved(runs, recorder.save)
@@ -220,6 +202,7 @@ def run_packed_scenarios(
     work: Sequence[tuple[Scenario, Sequence[PreparedVariant], Path, Sequence[VariantResult], str | None]],
     gpus: Sequence[int],
     events: Events,
+    shard: str | None = None,
 ) -> list[ScenarioResult]:
     """Every scenario × variant server on its own disjoint GPU set, as many at once as fit, largest TP first.
 
@@ -231,7 +214,7 @@ def run_packed_scenarios(
     jobs: list[Job] = []
     by_key: dict[str, tuple[Scenario, PreparedVariant, Path, int]] = {}
     for index, (scenario, prepared, run_dir, kept, started_at) in enumerate(work):
-        recorders.append(Recorder(scenario, run_dir, [], "packed", kept, started_at))
+        recorders.append(Recorder(scenario, run_dir, [], "packed", kept, started_at, shard))
         for prep in prepared:
             key = f"{scenario.name}/{prep.variant.name}"
             jobs.append(Job(key, scenario.server.tensor_parallel_size))

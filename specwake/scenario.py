@@ -17,13 +17,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specwake.errors import ScenarioError
+from specwake.verdict import DEFAULT_TOLERANCE, EXPECTATIONS
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-Expectation = Literal["recover", "collapse", "crash", "any"]
+# A scenario or variant name names a folder: one path component, nothing that could climb out of --output.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 # Flags specwake sets itself; a scenario's `server.args` may not override them.
 RESERVED_FLAGS = {
@@ -52,6 +54,20 @@ BUILTIN_PROMPTS = {
 }
 
 
+def _args_is_list(value: Any) -> Any:
+    if isinstance(value, str):
+        raise ValueError('must be a list of strings, not one shell string (e.g. ["--seed", "0"])')
+    return value
+
+
+def _no_reserved_flags(value: list[str]) -> list[str]:
+    for arg in value:
+        flag = arg.split("=", 1)[0]
+        if flag in RESERVED_FLAGS:
+            raise ValueError(f"{flag!r} is set by specwake ({RESERVED_FLAGS[flag]})")
+    return value
+
+
 def _env_values_are_strings(value: Any) -> Any:
     if isinstance(value, dict):
         for key, item in value.items():
@@ -75,22 +91,8 @@ class ServerSection(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(default=900, gt=0)
 
-    @field_validator("args", mode="before")
-    @classmethod
-    def _args_is_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            raise ValueError('must be a list of strings, not one shell string (e.g. ["--seed", "0"])')
-        return value
-
-    @field_validator("args")
-    @classmethod
-    def _no_reserved_flags(cls, value: list[str]) -> list[str]:
-        for arg in value:
-            flag = arg.split("=", 1)[0]
-            if flag in RESERVED_FLAGS:
-                raise ValueError(f"{flag!r} is set by specwake ({RESERVED_FLAGS[flag]})")
-        return value
-
+    _args_list = field_validator("args", mode="before")(_args_is_list)
+    _args_free = field_validator("args")(_no_reserved_flags)
     _env = field_validator("env", mode="before")(_env_values_are_strings)
 
 
@@ -108,6 +110,9 @@ class CycleSection(_Strict):
     level: Literal[1, 2] = 2
     count: int = Field(default=2, ge=1)
     discard: Literal["auto", "native", "emulated"] = "auto"
+    # What an emulated discard leaves in the parameters. A real L2 wake on CUDA hands back memory it did not
+    # clear, so a drafter that is never reloaded holds undefined values there, not zeros.
+    discard_fill: Literal["zero", "nan", "random"] = "zero"
     step_timeout_s: float = Field(default=300, gt=0)
 
 
@@ -115,7 +120,15 @@ class VariantSection(_Strict):
     patch: str | None = None
     python: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    # Extra server arguments of this variant, after server.args: e.g. vLLM's own workaround,
+    # ["--sleep-preserve-parameter-names", "draft.*"].
+    args: list[str] = Field(default_factory=list)
+    # false: the same server without --speculative-config, measured the same way — the no-speculation floor a
+    # collapse falls to. Its outcome is `floor`, never judged.
+    speculative: bool = True
 
+    _args_list = field_validator("args", mode="before")(_args_is_list)
+    _args_free = field_validator("args")(_no_reserved_flags)
     _env = field_validator("env", mode="before")(_env_values_are_strings)
 
 
@@ -147,7 +160,7 @@ class ScenarioFile(_Strict):
         if not value:
             raise ValueError("needs at least one variant")
         for name in value:
-            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            if not SAFE_NAME.fullmatch(name):
                 raise ValueError(f"variant name {name!r} may use only letters, digits, '_', '.', '-'")
         return value
 
@@ -162,8 +175,8 @@ class ScenarioFile(_Strict):
             if key not in self.variants:
                 hint = _did_you_mean(key, [*self.variants, *EXPECT_NUMBERS])
                 raise ValueError(f"expect.{key}: no variant named {key!r}{hint}")
-            if value not in ("recover", "collapse", "crash", "any"):
-                raise ValueError(f"expect.{key}: must be one of recover, collapse, crash, any (got {value!r})")
+            if value not in EXPECTATIONS:
+                raise ValueError(f"expect.{key}: must be one of {', '.join(EXPECTATIONS)} (got {value!r})")
         return self
 
 
@@ -174,6 +187,8 @@ class Variant:
     python: str | None  # None: the interpreter running specwake
     env: dict[str, str]
     expected: str
+    args: tuple[str, ...] = ()
+    speculative: bool = True
 
 
 @dataclass(frozen=True)
@@ -187,7 +202,7 @@ class Scenario:
     prompts: tuple[str, ...]
     variants: tuple[Variant, ...]
     tolerance: float
-    min_speedup_recovery: float = 0.9
+    min_speedup_recovery: float | None = None  # None: not set (see verdict.speed_rule)
 
     @property
     def server(self) -> ServerSection:
@@ -210,7 +225,13 @@ class Scenario:
         data = self.doc.model_dump(mode="json")
         data["name"] = self.name
         data["variants"] = {
-            v.name: {"patch": str(v.patch) if v.patch else None, "python": v.python, "env": v.env}
+            v.name: {
+                "patch": str(v.patch) if v.patch else None,
+                "python": v.python,
+                "env": v.env,
+                "args": list(v.args),
+                "speculative": v.speculative,
+            }
             for v in self.variants
         }
         data["expect"] = {v.name: v.expected for v in self.variants} | {
@@ -349,26 +370,41 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
                 raise ScenarioError(shown, "--variant", f"no variant {name!r} (have: {', '.join(variants)})")
         variants = {n: v for n, v in variants.items() if n in overrides.variants}
 
+    name = doc.name if doc.name is not None else file.stem
+    if not SAFE_NAME.fullmatch(name):
+        origin = "" if doc.name is not None else " (taken from the file name; set `name` in the file)"
+        raise ScenarioError(
+            shown,
+            "name",
+            f"{name!r} must be one safe path component — letters, digits, '_', '.', '-' — as it names the run"
+            f" folder{origin}",
+        )
     resolved = []
-    for name, section in variants.items():
-        patch = _resolve_patch(shown, file, name, section, overrides)
+    for name_, section in variants.items():
+        patch = _resolve_patch(shown, file, name_, section, overrides)
         python = section.python
         if python and ("/" in python or python.startswith("~")):
             python = str((file.parent / Path(python).expanduser()).resolve())
-        expected = doc.expect.get(name, "any")
-        resolved.append(Variant(name, patch, python, dict(section.env), expected))
+        expected = doc.expect.get(name_, "any")
+        if not section.speculative and expected != "any":
+            raise ScenarioError(
+                shown, f"expect.{name_}", f"{name_!r} runs without speculation (the floor): it is measured, not judged"
+            )
+        resolved.append(
+            Variant(name_, patch, python, dict(section.env), expected, tuple(section.args), section.speculative)
+        )
 
-    tolerance = float(doc.expect.get("tolerance", 0.05))
-    min_speedup = float(doc.expect.get("min_speedup_recovery", 0.9))
+    tolerance = float(doc.expect.get("tolerance", DEFAULT_TOLERANCE))
+    min_speedup = doc.expect.get("min_speedup_recovery")
     return Scenario(
-        name=doc.name or file.stem,
+        name=name,
         file=file.resolve(),
         sha256=hashlib.sha256(data).hexdigest(),
         doc=doc,
         prompts=_load_prompts(file, doc.workload.prompts),
         variants=tuple(resolved),
         tolerance=tolerance,
-        min_speedup_recovery=min_speedup,
+        min_speedup_recovery=None if min_speedup is None else float(min_speedup),
     )
 
 

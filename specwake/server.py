@@ -100,6 +100,21 @@ def live_group_members(pgid: int) -> list[int]:
     return members
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def group_rss_bytes(pgid: int) -> int | None:
+    """Resident memory of every live process in group `pgid`, summed (None without /proc or members)."""
+    total, seen = 0, False
+    for pid in live_group_members(pgid):
+        try:
+            resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        total, seen = total + resident * _PAGE, True
+    return total if seen else None
+
+
 class Server:
     """A server process group; ``with Server(spec) as s:`` starts it, waits ready, always stops."""
 
@@ -210,6 +225,10 @@ class Server:
         except subprocess.TimeoutExpired:
             return False
         return True
+
+    def rss_bytes(self) -> int | None:
+        """Host RSS of the server's process group (API server, engine core, workers)."""
+        return group_rss_bytes(self.pgid) if self.pgid is not None and self.alive() else None
 
     def returncode(self) -> int | None:
         return self._proc.poll() if self._proc is not None else None

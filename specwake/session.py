@@ -6,19 +6,30 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specwake.errors import InputError, ResultsUnwritable
+from specwake.errors import EXIT_PASS, InputError, ResultsUnwritable
+from specwake.hub import availability
 from specwake.junit import write_junit
+from specwake.models import is_builtin
 from specwake.prepare import PreparedVariant, describe, inspect_patches, plan_variant, prepare, require_runnable
-from specwake.report import REPORT_FILE, RESULT_FILE, load_result, render_markdown
+from specwake.report import render_markdown
 from specwake.results import ScenarioResult, VariantResult
-from specwake.runner import check_writable, make_run_dir, run_packed_scenarios, run_scenario
+from specwake.runfolder import (
+    LOGS,
+    REPORT_FILE,
+    RESULT_FILE,
+    check_writable,
+    load_result,
+    new_run_dir,
+    scenario_results,
+)
+from specwake.runner import run_packed_scenarios, run_scenario
 from specwake.scenario import Overrides, Scenario, load_scenario
 from specwake.schedule import Job, parse_gpu_list, plan_schedule
+from specwake.shards import Shard, jobs_of, parse_shard
 from specwake.verdict import INCOMPLETE, exit_code
 
 Events = Callable[[str], None]
@@ -34,14 +45,16 @@ class RunRequest:
     gpus: str | None = None
     junit: Path | None = None
     resume: Path | None = None
+    shard: str | None = None  # "K/N": run only this machine's share of the scenario × variant jobs
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     results: list[ScenarioResult]
-    run_root: Path
+    run_root: Path | None
     markdown: str
     exit_code: int
+    note: str | None = None
 
 
 def _parse_gpus(text: str | None) -> tuple[int, ...] | None:
@@ -58,9 +71,7 @@ def _previous(resume: Path, scenarios: Sequence[Scenario]) -> dict[str, Scenario
     if not resume.is_dir():
         raise InputError(f"--resume: not a run folder: {resume}")
     found: dict[str, ScenarioResult] = {}
-    single = resume / RESULT_FILE
-    candidates = [single] if single.is_file() else sorted(resume.glob(f"*/{RESULT_FILE}"))
-    for path in candidates:
+    for path in scenario_results(resume):
         result = load_result(path)
         found[str(result.scenario.get("name"))] = result
     for scenario in scenarios:
@@ -80,20 +91,21 @@ def _kept(previous: ScenarioResult | None) -> list[VariantResult]:
     return [v for v in previous.variants if v.outcome != INCOMPLETE]
 
 
-def _run_dirs(request: RunRequest, scenarios: Sequence[Scenario]) -> tuple[Path, list[Path]]:
+def _run_dirs(request: RunRequest, scenarios: Sequence[Scenario], shard: Shard | None) -> tuple[Path, list[Path]]:
     now = dt.datetime.now(dt.timezone.utc)
+    suffix = f"-shard-{shard.index}of{shard.count}" if shard else ""
     if request.resume is not None:
         root = request.resume
         dirs = [root] if len(scenarios) == 1 else [root / s.name for s in scenarios]
     elif len(scenarios) == 1:
-        root = make_run_dir(request.output, scenarios[0].name, now)
+        root = new_run_dir(request.output, scenarios[0].name + suffix, now)
         dirs = [root]
     else:
-        root = make_run_dir(request.output, f"{len(scenarios)}-scenarios", now)
+        root = new_run_dir(request.output, f"{len(scenarios)}-scenarios{suffix}", now)
         dirs = [root / s.name for s in scenarios]
     try:
         for folder in dirs:
-            (folder / "logs").mkdir(parents=True, exist_ok=True)
+            (folder / LOGS).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ResultsUnwritable(f"results folder not writable: {exc.filename}: {exc.strerror}") from None
     return root, dirs
@@ -102,10 +114,11 @@ def _run_dirs(request: RunRequest, scenarios: Sequence[Scenario]) -> tuple[Path,
 def execute(request: RunRequest, events: Events) -> RunOutcome:
     """Everything `specwake run` does; raises SpecwakeError subclasses for input (2) and infrastructure (3)."""
     gpus = _parse_gpus(request.gpus)
+    shard = parse_shard(request.shard) if request.shard is not None else None
     scenarios = [load_scenario(path, request.overrides) for path in request.scenarios]
-    names = [s.name for s in scenarios]
-    if len(set(names)) != len(names):
-        raise InputError(f"two scenarios share a name ({', '.join(sorted({n for n in names if names.count(n) > 1}))})")
+    _refuse_same_names(scenarios)
+    jobs = [(f"{s.name}/{v.name}", s.server.tensor_parallel_size) for s in scenarios for v in s.variants]
+    mine = jobs_of(shard, jobs) if shard is not None else None
     previous = _previous(request.resume, scenarios) if request.resume is not None else {}
     # Bad input is reported before anything is created or launched.
     patches = {scenario.name: inspect_patches(scenario) for scenario in scenarios}
@@ -116,12 +129,18 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
         variants = [
             p
             for p in prepare(scenario, request.cache, events, gpus=gpus, patches=patches[scenario.name])
-            if p.variant.name not in kept
+            if p.variant.name not in kept and (mine is None or f"{scenario.name}/{p.variant.name}" in mine)
         ]
         require_runnable(variants)
         prepared.append(variants)
+    if shard is not None:  # a shard runs only the scenarios it has jobs of
+        active = [(s, p) for s, p in zip(scenarios, prepared, strict=True) if p]
+        if not active:
+            note = f"shard {shard}: no jobs here ({len(jobs)} scenario × variant jobs over {shard.count} shards)"
+            return RunOutcome([], None, "", EXIT_PASS, note)
+        scenarios, prepared = [s for s, _ in active], [p for _, p in active]
     on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
-    root, dirs = _run_dirs(request, scenarios)
+    root, dirs = _run_dirs(request, scenarios, shard)
     events(f"results in {root}")
     if on_gpu:
         inventory = gpus if gpus is not None else _visible_gpus(prepared)
@@ -129,7 +148,7 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
             (s, p, d, _kept(previous.get(s.name)), _started(previous.get(s.name)))
             for s, p, d in zip(scenarios, prepared, dirs, strict=True)
         ]
-        results = run_packed_scenarios(work, inventory, events)
+        results = run_packed_scenarios(work, inventory, events, shard=str(shard) if shard else None)
     else:
         results = []
         for scenario, variants, folder in zip(scenarios, prepared, dirs, strict=True):
@@ -143,6 +162,7 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
                     interleave=request.interleave,
                     kept=_kept(old),
                     started_at=_started(old),
+                    shard=str(shard) if shard else None,
                 )  # fmt: skip
             )
     markdown = render_markdown(results)
@@ -152,6 +172,18 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
         write_junit(request.junit, results)
     _append_step_summary(markdown, events)
     return RunOutcome(results, root, markdown, exit_code([r.verdict for r in results]))
+
+
+def _refuse_same_names(scenarios: Sequence[Scenario]) -> None:
+    """Two scenarios of one run with one name would share a run folder and a report section."""
+    seen: dict[str, Scenario] = {}
+    for scenario in scenarios:
+        first = seen.setdefault(scenario.name, scenario)
+        if first is not scenario:
+            raise InputError(
+                f"{scenario.file}: name: {scenario.name!r} is also the name of {first.file}; two scenarios of one run"
+                " need different names (their run folders and report sections would collide)"
+            )
 
 
 def _started(previous: ScenarioResult | None) -> str | None:
@@ -176,29 +208,6 @@ def _append_step_summary(markdown: str, events: Events) -> None:
         events(f"warning: GITHUB_STEP_SUMMARY not writable ({target}: {exc.strerror}); report.md has the report")
 
 
-RUN_FOLDER = re.compile(r"^\d{8}-\d{6}-")
-
-
-def _holds_results(folder: Path) -> bool:
-    return (folder / RESULT_FILE).is_file() or any(folder.glob(f"*/{RESULT_FILE}"))
-
-
-def load_results(path: Path) -> list[ScenarioResult]:
-    """Results behind a path: a result.json, a run folder (one or many scenarios), or a results folder
-    (its latest run). Raises InputError naming the path when nothing loadable is there."""
-    if path.is_file() or (path / RESULT_FILE).is_file():
-        return [load_result(path)]
-    if not path.is_dir():
-        raise InputError(f"{path}: no such file or folder")
-    runs = sorted(p for p in path.iterdir() if p.is_dir() and RUN_FOLDER.match(p.name) and _holds_results(p))
-    if runs:
-        return load_results(max(runs, key=lambda p: p.name))
-    scenario_dirs = sorted(p.parent for p in path.glob(f"*/{RESULT_FILE}"))
-    if scenario_dirs:
-        return [load_result(p) for p in scenario_dirs]
-    raise InputError(f"{path}: no {RESULT_FILE} here or in its run folders")
-
-
 @dataclass(frozen=True)
 class CheckOutcome:
     text: str  # what `run` would start, scenario by scenario
@@ -206,10 +215,17 @@ class CheckOutcome:
 
 
 def check_all(
-    paths: Sequence[Path], overrides: Overrides, cache: Path, events: Events, *, gpus: str | None = None
+    paths: Sequence[Path],
+    overrides: Overrides,
+    cache: Path,
+    events: Events,
+    *,
+    gpus: str | None = None,
+    online: bool = False,
 ) -> CheckOutcome:
     """Everything `run` resolves before launching, for every scenario, plus the GPU assignment packing would
-    choose; launches no server. Input problems raise (exit 2), a missing engine raises (exit 3)."""
+    choose and where each model would be loaded from (`online`: the Hub asked too); launches no server.
+    Input problems raise (exit 2), a missing engine raises (exit 3)."""
     inventory = _parse_gpus(gpus)
     scenarios = [load_scenario(path, overrides) for path in paths]
     patches = [inspect_patches(s) for s in scenarios]
@@ -231,5 +247,12 @@ def check_all(
     texts = []
     for scenario, variants in zip(scenarios, prepared, strict=True):
         plans = [plan_variant(scenario, p, 0, assigned.get(f"{scenario.name}/{p.variant.name}", ())) for p in variants]
-        texts.append(describe(scenario, variants, plans))
+        found = [availability(m, online=online) for m in _hub_models(scenario)]
+        texts.append(describe(scenario, variants, plans, found))
     return CheckOutcome("\n".join(texts), problems)
+
+
+def _hub_models(scenario: Scenario) -> list[str]:
+    """The scenario's model references that are not builtin: target, and drafter when it has its own."""
+    refs = [scenario.server.model, scenario.speculative.get("model")]
+    return [r for r in dict.fromkeys(refs) if isinstance(r, str) and not is_builtin(r)]

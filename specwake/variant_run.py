@@ -15,7 +15,7 @@ import httpx
 
 from specwake import diagnose
 from specwake.client import Completion, VllmClient
-from specwake.crashes import classify
+from specwake.crashes import OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
 from specwake.cycle import run_cycle
 from specwake.errors import Interrupted, ServerFault, StartupFailed
 from specwake.measure import Workload, run_stage, stage_name
@@ -24,7 +24,8 @@ from specwake.prepare import PreparedVariant, plan_variant
 from specwake.results import StageResult, StepResult, VariantResult
 from specwake.scenario import Scenario
 from specwake.server import Server, ServerSpec, describe_exit, free_port
-from specwake.verdict import INCOMPLETE, decide_outcome, outcome_matches
+from specwake.verdict import INCOMPLETE, decide_outcome, outcome_matches, speed_rule
+from specwake.weights import restored
 
 Events = Callable[[str], None]
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
@@ -75,9 +76,9 @@ class VariantRun:
         self.steps: list[StepResult] = []
         self.diagnostics: list[dict[str, Any]] = []
         self.info: dict[str, Any] = {}
-        self.outcome: str | None = None  # set early only for crash / error
+        self.crash_class: str | None = None  # set when the variant failed (see specwake.crashes)
         self.error: str | None = None
-        self.crash_class: str | None = None
+        self.first_error: str | None = None
         self.crash_lines: tuple[str, ...] = ()
         self.excerpt: str | None = None
         self.phase = "startup"
@@ -91,8 +92,8 @@ class VariantRun:
 
     @property
     def finished(self) -> bool:
-        """Stopped early by a crash or error: no further phase will run."""
-        return self.outcome is not None
+        """Stopped early by a failure: no further phase will run."""
+        return self.crash_class is not None
 
     @property
     def started_any(self) -> bool:
@@ -124,14 +125,14 @@ class VariantRun:
             self._timed("startup", self.clock() - t0)
             self.server.stop()
             evidence = classify(
-                fault_class="startup_failed",
+                fault_class=STARTUP_FAILED,
                 log_text=exc.log_tail,
                 phase="startup",
                 server_alive=False,
                 message=str(exc),
             )
-            self.crash_lines = evidence.lines
-            self._finish("error", str(exc), "startup_failed", exc.log_tail)
+            self.crash_lines, self.first_error = evidence.lines, evidence.first_error
+            self._fail(STARTUP_FAILED, str(exc), exc.log_tail)
             return
         self._timed("startup", self.clock() - t0)
         self.events(f"{self.name}: server ready after {self.clock() - t0:.1f} s")
@@ -150,13 +151,13 @@ class VariantRun:
                 f"server at {self.server.base_url} serves {served}, not {self.prep.model!r}: "
                 f"a foreign server holds the port (ours: {state}); nothing was measured"
             )
-            self._finish("error", problem, "port_conflict", self.server.log_tail(LOG_EXCERPT_LINES))
+            self._fail(PORT_CONFLICT, problem, self.server.log_tail(LOG_EXCERPT_LINES))
             return
         infos = client.rpc_results("specwake_info", timeout=self.scenario.cycle.step_timeout_s)
         self.info = {"workers": infos}
         mismatch = check_imports(self.prep, infos)
         if mismatch:
-            self._finish("error", mismatch, "overlay_not_used", self.server.log_tail(20))
+            self._fail(OVERLAY_NOT_USED, mismatch, self.server.log_tail(20))
 
     def close(self) -> None:
         t0 = self.clock()
@@ -231,7 +232,9 @@ class VariantRun:
             level=level,
             emulate_discard=self.prep.l2_discard == "emulated",
             step_timeout_s=self.scenario.cycle.step_timeout_s,
+            fill=self.scenario.cycle.discard_fill,
             on_step=after_step,
+            host_rss=self.server.rss_bytes,
         )
         self.steps.extend(steps)
         if fault is not None:
@@ -253,13 +256,14 @@ class VariantRun:
             server_alive=alive,
             message=message,
         )
-        self.crash_lines = crash.lines
-        self._finish("crash", f"{crash.reason}: {message}", crash.cls, self.server.log_tail(LOG_EXCERPT_LINES))
+        self.crash_lines, self.first_error = crash.lines, crash.first_error
+        self._fail(crash.cls, f"{crash.reason}: {message}", self.server.log_tail(LOG_EXCERPT_LINES))
 
-    def _finish(self, outcome: str, error: str, crash_class: str, excerpt: str | None) -> None:
-        self.outcome, self.error, self.crash_class, self.excerpt = outcome, error, crash_class, excerpt
+    def _fail(self, crash_class: str, error: str, excerpt: str | None) -> None:
+        """Record what went wrong; verdict.decide_outcome turns the class into `error` or `crash`."""
+        self.crash_class, self.error, self.excerpt = crash_class, error, excerpt
         self.events(
-            f"{self.name}: {outcome} ({crash_class}) during {self.phase}: {error.splitlines()[0] if error else ''}"
+            f"{self.name}: failed ({crash_class}) during {self.phase}: {error.splitlines()[0] if error else ''}"
         )
 
     def result(self) -> VariantResult:
@@ -267,12 +271,13 @@ class VariantRun:
         if not self.complete:
             outcome = INCOMPLETE
         else:
-            outcome = self.outcome or decide_outcome(
+            outcome = decide_outcome(
                 self.stages,
-                crashed=False,
-                never_ready=False,
                 tolerance=self.scenario.tolerance,
-                min_speedup=self.scenario.min_speedup_recovery,
+                failure=self.crash_class,
+                target_restored=restored(self.diagnostics, "target"),
+                speed=speed_rule(self.scenario.min_speedup_recovery, self.prep.l2_discard),
+                speculative=self.prep.variant.speculative,
             )
         prep, variant = self.prep, self.prep.variant
         workers = self.info.get("workers") or []
@@ -293,13 +298,16 @@ class VariantRun:
             env=redact_env(self.plan.env_added),
             error=self.error,
             crash_class=self.crash_class,
+            first_error=self.first_error,
             log_path=str(self.log_path),
             log_excerpt=self.excerpt,
             stages=list(self.stages),
             steps=list(self.steps),
             info={
                 **self.info,
-                "gpus": list(self.plan.gpus),
+                "entrypoint": prep.engine.entrypoint,
+                "gpus": list(self.plan.gpus),  # visible indices, as --gpus takes them
+                "devices": self.plan.env_added.get("CUDA_VISIBLE_DEVICES"),  # what the server was given
                 "crash_lines": list(self.crash_lines),
                 "timings": self.timings,
             },

@@ -1,23 +1,61 @@
-"""Pure decisions: a variant's stages → its outcome; outcomes vs expectations → verdict, exit code.
-
-Also the one-line human explanation of an outcome, with the numbers that decided it.
+"""Pure decisions, and the only place they are made: what a variant run recorded → its outcome; outcomes vs
+expectations → verdict, exit code. Also the one-line human explanation of an outcome, with its numbers.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from specwake.crashes import ERROR_CLASSES
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
-from specwake.results import StageResult, VariantResult
-from specwake.stats import speed_recovered
+from specwake.results import ScenarioResult, StageResult, VariantResult
+from specwake.speed import SpeedCall, speed_call
+from specwake.weights import weights_line
 
-OUTCOMES = ("recover", "collapse", "crash", "degraded", "error")
-EXPECTATIONS = ("recover", "collapse", "crash", "any")
+OUTCOMES = ("recover", "collapse", "corrupt", "crash", "degraded", "error", "floor")
+EXPECTATIONS = ("recover", "collapse", "corrupt", "crash", "any")
 VERDICTS = ("pass", "fail", "error")
 INCOMPLETE = "incomplete"  # the runner's label for a variant still running in a partial result
 COLLAPSE_AL = 1.05  # AL at or below this after a cycle means (almost) every draft was rejected
+DEFAULT_TOLERANCE = 0.05  # [expect] tolerance when a scenario sets none
+DEFAULT_MIN_SPEEDUP = 0.9  # [expect] min_speedup_recovery when a scenario sets none
 _REL_EPS = 1e-9  # AL thresholds are compared with this relative slack against float noise
+
+
+@dataclass(frozen=True)
+class SpeedRule:
+    """Whether the after-cycle speed call can turn `recover` into `degraded`, and why."""
+
+    min_ratio: float
+    binding: bool
+    why: str
+
+
+def speed_rule(min_speedup: float | None, l2_discard: str) -> SpeedRule:
+    """The scenario's own min_speedup_recovery always counts. Without one, speed counts (at 0.9× fresh) where
+    the L2 discard is real; where it is emulated (CPU, a shared machine) it is reported but advisory."""
+    if min_speedup is not None:
+        return SpeedRule(min_speedup, True, "counts: set by the scenario (expect.min_speedup_recovery)")
+    if l2_discard == "emulated":
+        return SpeedRule(
+            DEFAULT_MIN_SPEEDUP,
+            False,
+            "advisory: the L2 discard is emulated (CPU); set expect.min_speedup_recovery to make it count",
+        )
+    return SpeedRule(DEFAULT_MIN_SPEEDUP, True, "counts: the default for a real L2 discard")
+
+
+def recorded_tolerance(result: ScenarioResult) -> float:
+    """The [expect] tolerance a result was decided with (the default for results that did not record it)."""
+    value = result.expectation("tolerance", DEFAULT_TOLERANCE)
+    return DEFAULT_TOLERANCE if value is None else value
+
+
+def recorded_speed_rule(result: ScenarioResult, variant: VariantResult) -> SpeedRule:
+    """The speed rule a result's variant was decided with."""
+    return speed_rule(result.expectation("min_speedup_recovery", None), variant.l2_discard)
 
 
 def _at_most(value: float, bound: float) -> bool:
@@ -41,6 +79,11 @@ def _collapsed(stage: StageResult, collapse_al: float) -> bool:
     return stage.num_drafts > 0 and al is not None and _at_most(al, collapse_al)
 
 
+def _diverged(stages: Sequence[StageResult]) -> StageResult | None:
+    """The first post-cycle stage whose completions differ from the fresh ones."""
+    return next((s for s in _post(stages) if s.outputs_match_fresh is False), None)
+
+
 def _recovery_bound(fresh_al: float, tolerance: float) -> float:
     return (1.0 - tolerance) * fresh_al
 
@@ -50,27 +93,41 @@ def _check_tolerance(tolerance: float) -> None:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
 
 
+def speed_after_cycles(stages: Sequence[StageResult], min_ratio: float) -> SpeedCall | None:
+    """The pooled after-cycle speed call of a variant's stages (None without a fresh or post-cycle stage)."""
+    fresh, post = _fresh(stages), _post(stages)
+    if fresh is None or not post:
+        return None
+    return speed_call(fresh.tok_s, [s.tok_s for s in post], min_ratio)
+
+
 def decide_outcome(
     stages: Sequence[StageResult],
     *,
-    crashed: bool,
-    never_ready: bool,
     tolerance: float,
+    failure: str | None = None,
+    target_restored: bool | None = None,
+    speed: SpeedRule | None = None,
     collapse_al: float = COLLAPSE_AL,
-    min_speedup: float | None = None,
+    speculative: bool = True,
 ) -> str:
-    """The outcome of one variant (DESIGN.md "Outcome"); the first rule that applies wins.
+    """The outcome of one variant; the first rule that applies wins. A variant run without speculation (the
+    no-speculation floor) ends as `floor` unless it failed or its target was not restored.
 
-    error (never ready) → crash (died after startup, whatever it measured before) → collapse →
-    recover → degraded (including no drafts at all, no fresh stage, no post-cycle stage).
-    With `min_speedup`, `recover` also needs every post-cycle stage's tok/s to keep that share of fresh:
-    a stage whose after/fresh interval lies wholly below it is not recovered; an inconclusive one is.
+    error (`failure` is a class meaning the variant was never measured: startup_failed, port_conflict, ...) →
+    crash (any other failure, whatever was measured before) → corrupt (a post-cycle stage's completions differ
+    from fresh, or the target's weights do not match their fresh checksums after reload_weights: the target
+    was not restored) → collapse (a post-cycle stage drafted and AL ≤ collapse_al) → recover (every post-cycle
+    AL ≥ (1 − tolerance) × fresh, and, where `speed` is binding, speed not clearly lost; see specwake.speed)
+    → degraded (everything else, including no drafts at all, no fresh stage, no post-cycle stage).
     """
     _check_tolerance(tolerance)
-    if never_ready:
-        return "error"
-    if crashed:
-        return "crash"
+    if failure is not None:
+        return "error" if failure in ERROR_CLASSES else "crash"
+    if _diverged(stages) is not None or target_restored is False:
+        return "corrupt"
+    if not speculative:
+        return "floor"
     post = _post(stages)
     if any(_collapsed(s, collapse_al) for s in post):
         return "collapse"
@@ -78,11 +135,9 @@ def decide_outcome(
     fresh_al = fresh.acceptance_length if fresh is not None else None
     if post and fresh_al is not None:
         bound = _recovery_bound(fresh_al, tolerance)
-        post_als = [s.acceptance_length for s in post]
-        if all(al is not None and _at_least(al, bound) for al in post_als):
-            if min_speedup is None or fresh is None:
-                return "recover"
-            if all(speed_recovered(fresh.tok_s, s.tok_s, min_speedup) != "no" for s in post):
+        if all(s.acceptance_length is not None and _at_least(s.acceptance_length, bound) for s in post):
+            call = speed_after_cycles(stages, speed.min_ratio) if speed is not None and speed.binding else None
+            if call is None or call.word != "lost":
                 return "recover"
     return "degraded"
 
@@ -148,6 +203,38 @@ def _why_collapse(stages: Sequence[StageResult], collapse_al: float) -> str:
     )
 
 
+def first_difference(fresh: str, now: str) -> int | None:
+    """Index of the first character where two completions differ (None when equal)."""
+    if fresh == now:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(fresh, now, strict=False)) if a != b), min(len(fresh), len(now)))
+
+
+def _why_corrupt(variant: VariantResult) -> str:
+    reasons = []
+    stage, fresh = _diverged(variant.stages), _fresh(variant.stages)
+    if stage is not None and fresh is not None:
+        where = next(
+            (
+                (i, first_difference(a, b))
+                for i, (a, b) in enumerate(zip(fresh.outputs, stage.outputs, strict=False))
+                if a != b
+            ),
+            None,
+        )
+        text = f"{stage.name}: completions differ from fresh"
+        if where is not None:
+            i, at = where
+            now = stage.outputs[i][at or 0 :][:12]
+            was = fresh.outputs[i][at or 0 :][:12]
+            text += f" (request {i + 1}, from character {at}: {now!r} where fresh had {was!r})"
+        reasons.append(text)
+    line = weights_line(variant.diagnostics, "target")
+    if line is not None and "differ" in line and not line.startswith("target: 0/"):
+        reasons.append(line)
+    return "; ".join(reasons) or "target weights differ from fresh"
+
+
 def _why_measured(stages: Sequence[StageResult], tolerance: float, collapse_al: float) -> str:
     """The reason for recover/degraded, read from the stages."""
     fresh = _fresh(stages)
@@ -176,7 +263,7 @@ def explain(variant: VariantResult, tolerance: float, *, collapse_al: float = CO
     stages = variant.stages
     if variant.outcome == "error":
         reason = _first_line(variant.error) or "no error text"
-        return f"never became ready ({variant.crash_class or 'startup_failed'}): {reason}"
+        return f"not measured ({variant.crash_class or 'startup_failed'}): {reason}"
     if variant.outcome == "crash":
         what = f"crashed ({variant.crash_class or 'unknown'})"
         reason = _first_line(variant.error)
@@ -188,4 +275,8 @@ def explain(variant: VariantResult, tolerance: float, *, collapse_al: float = CO
         return f"not finished; {_al_chain(stages)} so far" if stages else "no stage measured yet"
     if variant.outcome == "collapse":
         return f"{_al_chain(stages)} ({_why_collapse(stages, collapse_al)})"
+    if variant.outcome == "floor":
+        return "no speculation: the decode speed a collapsed drafter falls to"
+    if variant.outcome == "corrupt":
+        return f"the target was not restored: {_why_corrupt(variant)}; {_al_chain(stages)}"
     return f"{_al_chain(stages)} ({_why_measured(stages, tolerance, collapse_al)})"

@@ -280,7 +280,7 @@ class Handler(BaseHTTPRequestHandler):
                 state.asleep -= set(query.get("tags", TAGS))
             self.reply(200)
         elif url.path == "/reset_prefix_cache":
-            self.reply(200)
+            self.reply(200, {"success": True})  # vLLM 0.32 / 0.33: HTTP 200 either way, the body tells
         else:
             self.reply(404, {"detail": "Not Found"})
 

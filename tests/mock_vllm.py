@@ -19,6 +19,7 @@ class MockVllm:
     draft_ok: bool = True  # whether the drafter's weights are intact
     reload_restores_draft: bool = False  # the patched behaviour
     fail: dict[str, int] = field(default_factory=dict)  # path or rpc method -> HTTP status to answer
+    prefix_reset_fails: bool = False  # /reset_prefix_cache answers 200 {"success": false}, as vLLM does
     hang: set[str] = field(default_factory=set)  # paths/methods that time out
     lag_metrics: int = 0  # answer this many /metrics scrapes with stale counters
     drafts: int = 0
@@ -99,7 +100,9 @@ class MockVllm:
             if self.reload_restores_draft:
                 self.draft_ok = True
             return httpx.Response(200)
-        if path in ("/sleep", "/wake_up", "/reset_prefix_cache", "/health", "/collective_rpc"):
+        if path == "/reset_prefix_cache":
+            return httpx.Response(200, json={"success": not self.prefix_reset_fails})
+        if path in ("/sleep", "/wake_up", "/health", "/collective_rpc"):
             return httpx.Response(200, json={"results": [None]} if path == "/collective_rpc" else None)
         return httpx.Response(404, text="not found")
 

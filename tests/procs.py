@@ -73,21 +73,24 @@ def leftover_processes(pgids: Iterable[int]) -> list[tuple[int, int, str, str]]:
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_scenario_cli(scenario: str, out: Path, timeout: float) -> dict[str, Any]:
-    """`specwake run SCENARIO --output OUT` in a subprocess, as a user would; returns the process, its one run
-    folder, the parsed result.json and any process the run left behind (found by an env marker)."""
+def run_scenario_cli(scenario: str | list[str], out: Path, timeout: float) -> dict[str, Any]:
+    """`specwake run SCENARIO... --output OUT` in a subprocess, as a user would; returns the process, its one run
+    folder, the parsed result.json (of each scenario, by name, under "results" when there are several) and any
+    process the run left behind (found by an env marker)."""
     mark_value = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"} | {SERVER_MARK: mark_value}
+    scenarios = [scenario] if isinstance(scenario, str) else scenario
     proc = subprocess.run(
-        [sys.executable, "-m", "specwake.cli", "run", scenario, "--output", str(out)],
+        [sys.executable, "-m", "specwake.cli", "run", *scenarios, "--output", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     leftovers = processes_with_env(SERVER_MARK, mark_value)
     runs = sorted(out.iterdir())
     assert len(runs) == 1, f"expected one run folder, got {runs}\nstderr:\n{proc.stderr[-4000:]}"
+    results = {p.parent.name: json.loads(p.read_text()) for p in runs[0].glob("*/result.json")}
     result_path = runs[0] / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
-    return {"proc": proc, "dir": runs[0], "result": result, "leftovers": leftovers}
+    return {"proc": proc, "dir": runs[0], "result": result, "results": results, "leftovers": leftovers}
 
 
 def variant_of(run: dict[str, Any], name: str) -> dict[str, Any]:

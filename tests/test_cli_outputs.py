@@ -11,8 +11,8 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from specwake.cli import app
-from specwake.report import load_result, write_run_files
 from specwake.results import ScenarioResult
+from specwake.runfolder import load_result, write_run_files
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "result-v1-sample.json"
 
@@ -51,9 +51,13 @@ def test_report_formats(tmp_path: Path) -> None:
     assert md.exit_code == 0 and "tiny-cpu" in md.output and "| variant" in md.output
     js = runner.invoke(app, ["report", str(run / "result.json"), "--format", "json"])
     assert js.exit_code == 0 and json.loads(js.output)[0]["scenario"]["name"] == "tiny-cpu"
+    older = save(tmp_path / "20251231-000000-tiny-cpu", load_result(SAMPLE))
     csv = runner.invoke(app, ["report", str(tmp_path), "--format", "csv"])  # a results folder: its latest run
-    frame = pd.read_csv(io.StringIO(csv.output))
+    frame = pd.read_csv(io.StringIO(csv.stdout))
     assert len(frame) == sum(len(v.stages) for v in load_result(SAMPLE).variants)
+    assert f"using its latest run, {run}" in csv.stderr and str(older) not in csv.stderr
+    every = runner.invoke(app, ["report", str(tmp_path), "--format", "csv", "--all"])
+    assert len(pd.read_csv(io.StringIO(every.stdout))) == 2 * len(frame) and "latest" not in every.stderr
     bad = runner.invoke(app, ["report", str(run), "--format", "xml"])
     assert bad.exit_code == 2 and "--format" in bad.output
 

@@ -5,16 +5,25 @@ Covers AL regressions and improvements, tok/s calls, scenario sha checks, missin
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from specwake.compare import OUTCOME_STAGE, Comparison, Row, compare, render_comparison_markdown, resolve_result_path
+from specwake.compare import (
+    OUTCOME_STAGE,
+    Comparison,
+    Row,
+    compare,
+    compare_runs,
+    pair_scenarios,
+    parse_pair,
+    render_comparison_markdown,
+    settings_differences,
+)
 from specwake.errors import InputError
-from specwake.report import load_result
 from specwake.results import ScenarioResult, StageResult, VariantResult
+from specwake.runfolder import load_result
 
 SAMPLE = Path(__file__).parent / "data" / "result-v1-sample.json"
 STEADY = [40.0, 40.5, 41.0, 40.25, 40.75]  # tight tok/s samples
@@ -153,39 +162,56 @@ def test_markdown_lists_rows_regressions_and_missing_keys() -> None:
     assert clean.startswith("**specwake compare: no regressions**")
 
 
-# ------------------------------------------------------------ paths
+def with_settings(result: ScenarioResult, sha: str | None = None, **sections: dict) -> ScenarioResult:
+    settings = dict(result.scenario.get("settings") or {})
+    for key, changes in sections.items():
+        settings[key] = {**settings.get(key, {}), **changes}
+    return replace(
+        result, scenario={**result.scenario, "settings": settings, "sha256": sha or result.scenario["sha256"]}
+    )
 
 
-def make_run(root: Path, name: str) -> Path:
-    run = root / name
-    (run / "logs").mkdir(parents=True)
-    shutil.copy(SAMPLE, run / "result.json")
-    return run
+def full() -> ScenarioResult:
+    """The sample with the settings a current run records."""
+    return with_settings(base(), speculative={"num_speculative_tokens": 3}, workload={"max_tokens": 128})
 
 
-def test_resolve_file_run_folder_and_latest_run(tmp_path: Path) -> None:
-    early = make_run(tmp_path, "20250601-120000-tiny-cpu")
-    late = make_run(tmp_path, "20250602-080000-tiny-cpu")
-    make_run(tmp_path, "20250601-235959-tiny-cpu")
-    (tmp_path / "README.md").write_text("not a run")
-    (tmp_path / "20990101-000000-empty").mkdir()  # no result.json: not a run
-    assert resolve_result_path(early / "result.json") == early / "result.json"
-    assert resolve_result_path(early) == early / "result.json"
-    assert resolve_result_path(tmp_path) == late / "result.json"
-    assert load_result(resolve_result_path(tmp_path)).scenario["name"] == "tiny-cpu"
+def test_a_refusal_names_the_settings_that_differ_key_by_key() -> None:
+    old = full()
+    new = with_settings(old, "f" * 64, speculative={"num_speculative_tokens": 4}, workload={"max_tokens": 64})
+    with pytest.raises(InputError) as info:
+        compare(old, new)
+    message = str(info.value)
+    assert "speculative.num_speculative_tokens 3 → 4" in message and "workload.max_tokens 128 → 64" in message
+    only_text = replace(old, scenario={**old.scenario, "sha256": "e" * 64})
+    with pytest.raises(InputError, match="only the file's text differs"):
+        compare(old, only_text)
 
 
-def test_resolve_same_second_prefers_the_later_suffix(tmp_path: Path) -> None:
-    for name in ("20250601-120000-x", "20250601-120000-x-2", "20250601-120000-x-10"):
-        make_run(tmp_path, name)
-    assert resolve_result_path(tmp_path).parent.name == "20250601-120000-x-10"
+def test_regressions_across_a_changed_k_are_listed_not_counted_unless_forced() -> None:
+    old = full()
+    worse = set_stage(old, "patched", "after L2 #1", acceptance_length=3.0)
+    overridden = with_settings(worse, speculative={"num_speculative_tokens": 4})  # same file, other flags
+    c = compare(old, overridden)
+    assert c.measurement_changed and c.regressions and c.counted_regressions == []
+    text = render_comparison_markdown(c)
+    assert "(not counted: measured under different settings)" in text
+    assert "Settings differ — what a stage measures changed: speculative.num_speculative_tokens 3 → 4" in text
+    assert compare(old, overridden, force=True).counted_regressions == c.regressions
+    cycles_only = with_settings(worse, cycle={"count": 3})  # not what a stage measures: still counted
+    assert compare(old, cycles_only).counted_regressions
 
 
-def test_resolve_errors_name_the_path(tmp_path: Path) -> None:
-    missing = tmp_path / "nope"
-    with pytest.raises(InputError, match=str(missing)):
-        resolve_result_path(missing)
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    with pytest.raises(InputError, match="no run folder"):
-        resolve_result_path(empty)
+def test_differently_named_scenarios_pair_only_when_asked() -> None:
+    old = base()
+    renamed = replace(old, scenario={**old.scenario, "name": "my-tiny"})
+    assert pair_scenarios([old], [renamed]) == ([], ["my-tiny", "tiny-cpu"])
+    with pytest.raises(InputError, match="--pair OLD:NEW"):
+        compare_runs([old], [renamed])
+    comparisons, unmatched = compare_runs([old], [renamed], pairs=[parse_pair("tiny-cpu:my-tiny")])
+    assert unmatched == [] and comparisons[0].rows and comparisons[0].rows[0].scenario == "tiny-cpu → my-tiny"
+    assert settings_differences(old, renamed) == []  # the name is a label, not a setting
+    with pytest.raises(InputError, match="--pair"):
+        parse_pair("tiny-cpu")
+    with pytest.raises(InputError, match="old has"):
+        compare_runs([old], [renamed], pairs=[("nope", "my-tiny")])

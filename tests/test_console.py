@@ -58,3 +58,18 @@ def test_live_table_keeps_one_row_per_server() -> None:
 def test_report_goes_to_stdout_verbatim(capsys: pytest.CaptureFixture[str]) -> None:
     Ui().report("| a | b |")
     assert capsys.readouterr().out == "| a | b |\n"
+
+
+MARKDOWN = (
+    "- **patched**: recover — interval up to 0.88 &lt; 0.90\n\n<details>\n<summary>patched: steps</summary>\n\n"
+    "| a \\| b | c |\n</details>\n\n<sub>tok/s CI: range (n&lt;6)</sub>\n"
+)
+
+
+def test_a_terminal_sees_plain_text_a_pipe_the_escaped_markdown(capsys: pytest.CaptureFixture[str]) -> None:
+    Ui(terminal=True).report(MARKDOWN)
+    shown = capsys.readouterr().out
+    assert "&lt;" not in shown and "<details>" not in shown and "<sub>" not in shown and "\\|" not in shown
+    assert "interval up to 0.88 < 0.90" in shown and "tok/s CI: range (n<6)" in shown and "| a | b | c |" in shown
+    Ui(terminal=False).report(MARKDOWN)
+    assert capsys.readouterr().out == MARKDOWN

@@ -99,6 +99,12 @@ def test_not_illegal_memory_access(line: str) -> None:
         "RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests.",
         "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 1.00 GiB",
         "Failed to load model - not enough GPU memory. Try lowering --gpu-memory-utilization",
+        "CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:163",
+        "Call to wake_up method failed: Worker failed with error 'CUDA Error: out of memory at <path>:163'",
+        "RuntimeError: CUDA error: out of memory",
+        "host:5230:5291 [1] include/alloc.h:320 NCCL WARN Cuda failure 2 'out of memory'",
+        "NCCL WARN Cuda failure 'out of memory'",
+        "cuda failure 'OUT OF MEMORY'",
     ],
 )
 def test_out_of_memory_lines(line: str) -> None:
@@ -212,6 +218,21 @@ def test_oom_during_wake() -> None:
         "Tried to allocate 9.87 GiB. GPU 0 has a total capacity of 31.36 GiB of which 6.02 GiB is free. "
         "Including non-PyTorch memory, this process has 25.30 GiB memory in use.",
     )
+
+
+@pytest.mark.parametrize(
+    ("log", "line"),
+    [
+        (
+            "oom-cumem-on-wake.log",
+            "(Worker_TP1 pid=4210) CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:163",
+        ),
+        ("oom-nccl.log", "gpu-node-7:5230:5291 [1] include/alloc.h:320 NCCL WARN Cuda failure 2 'out of memory'"),
+    ],
+)
+def test_real_wake_and_nccl_oom_texts_are_cuda_oom_not_a_failed_step(log: str, line: str) -> None:
+    crash = crash_of(log, phase="L2 cycle #1 wake_weights")
+    assert crash.cls == "cuda_oom" and crash.lines[0] == line
 
 
 def test_oom_at_startup_names_the_root_cause() -> None:

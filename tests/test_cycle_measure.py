@@ -65,6 +65,15 @@ def test_failed_step_stops_the_cycle_and_keeps_the_reason() -> None:
     assert "/wake_up?tags=kv_cache" not in server.calls
 
 
+def test_a_prefix_cache_reset_that_answers_success_false_is_a_failed_step() -> None:
+    server = MockVllm(prefix_reset_fails=True)
+    steps, fault = run_cycle(VllmClient(server.client()), 1, level=2, emulate_discard=True, step_timeout_s=5)
+    assert isinstance(fault, RequestFailed) and fault.crash_class == "step_failed"
+    last = steps[-1]
+    assert last.name == "reset_prefix_cache" and last.status == 200 and not last.ok
+    assert '"success": false' in (last.error or "") and last.response == {"success": False}
+
+
 def test_step_timeout_is_its_own_fault() -> None:
     server = MockVllm(hang={"/wake_up"})
     steps, fault = run_cycle(VllmClient(server.client()), 1, level=2, emulate_discard=False, step_timeout_s=3)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from specwake.report import load_result
+from specwake.runfolder import load_result
 from tests.procs import SERVER_MARK, processes_with_env, require_module
 
 REPO = Path(__file__).resolve().parent.parent

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from specwake import variant_run
 from specwake.cli import app
-from specwake.report import load_result
+from specwake.runfolder import load_result
 from tests.fakeengine import (
     FAKE_SERVER,
     FakeEngine,

@@ -100,6 +100,10 @@ NEW_CASES: dict[str, Case] = {
     "startup timeout zero": _scenario_case(
         FAKE.replace("[server]", "[server]\nstartup_timeout_s = 0"), "server.startup_timeout_s", "greater than 0"
     ),
+    "scenario name climbs out of --output": _scenario_case('name = "../../etc"\n' + FAKE, "name", "safe path"),
+    "scenario name with a slash": _scenario_case('name = "a/b"\n' + FAKE, "name", "safe path component"),
+    "scenario name empty": _scenario_case('name = ""\n' + FAKE, "name", "safe path component"),
+    "variant name with a dot-dot": _scenario_case(FAKE + "[variants.'..']\n", "variants", "may use only"),
     "not UTF-8 scenario": _scenario_case("\udcff", "", ""),  # replaced below: bytes
     "--tp 0": _flag_case(["--tp", "0"], "--tp", "greater than or equal to 1"),
     "--cycles -1": _flag_case(["--cycles", "-1"], "--cycles", "greater than or equal to 1"),
@@ -117,7 +121,22 @@ def _not_utf8(tmp: Path, engine: FakeEngine) -> tuple[list[str], str, str]:
     return [str(scenario)], str(scenario), "not UTF-8"
 
 
+def _same_names(tmp: Path, engine: FakeEngine) -> tuple[list[str], str, str]:
+    first, second = tmp / "a.toml", tmp / "b.toml"
+    first.write_text('name = "twin"\n' + FAKE.replace("@PYTHON@", str(engine.python)))
+    second.write_text('name = "twin"\n' + FAKE.replace("@PYTHON@", str(engine.python)))
+    return [str(first), str(second)], f"{second}: name", f"also the name of {first}"
+
+
+def _bad_stem(tmp: Path, engine: FakeEngine) -> tuple[list[str], str, str]:
+    scenario = tmp / "my scenario.toml"
+    scenario.write_text(FAKE.replace("@PYTHON@", str(engine.python)))
+    return [str(scenario)], f"{scenario}: name", "taken from the file name"
+
+
 NEW_CASES["not UTF-8 scenario"] = _not_utf8
+NEW_CASES["two scenarios with one name"] = _same_names
+NEW_CASES["file name unusable as a name"] = _bad_stem
 
 CASES = {
     f"scenario_test[{i}] {key}": _scenario_case(text.replace("[server]", "[server]"), key, phrase)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from specwake.report import load_result
+from specwake.runfolder import load_result
 from tests.fakeengine import kill_survivors, make_fake_engine, one_run_dir, run_cli, scenario_text
 from tests.procs import leftover_processes
 

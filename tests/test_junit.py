@@ -13,8 +13,8 @@ import pytest
 
 from specwake.errors import ResultsUnwritable
 from specwake.junit import render_junit, write_junit
-from specwake.report import load_result
 from specwake.results import ScenarioResult, VariantResult
+from specwake.runfolder import load_result
 
 SAMPLE = Path(__file__).parent / "data" / "result-v1-sample.json"
 

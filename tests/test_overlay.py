@@ -154,7 +154,8 @@ def test_hunk_that_does_not_apply_names_diff_file_and_hunk(tmp_path, package):
         build_overlay(diff, package, "0.32.0", tmp_path / "cache")
 
     msg = str(err.value)
-    assert msg == f"{diff}: vllm/mod.py: hunk #2 at line {hunk_line} does not apply"
+    where = f"(tried against vLLM 0.32.0 at {package.resolve()})"
+    assert msg == f"{diff}: vllm/mod.py: hunk #2 at line {hunk_line} does not apply {where}"
     assert "\n" not in msg
     assert list((tmp_path / "cache" / "overlays").iterdir()) == []
     assert snapshot(package) == before

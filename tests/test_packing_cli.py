@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from specwake.report import load_result
+from specwake.runfolder import load_result
 from specwake.schedule import Job, plan_schedule
 from tests.fakeengine import (
     REPO,
@@ -315,3 +315,25 @@ def test_check_prints_the_packing_plan(
         if x.start < y.end and y.start < x.end:  # planned to run together
             assert not set(shown[x.job.key]) & set(shown[y.job.key]), (x.job.key, y.job.key)
     assert engine.launched() == []
+
+
+def test_a_sliced_cuda_visible_devices_is_honoured(engine: FakeEngine, tmp_path: Path) -> None:
+    """Under Slurm or a CI runner the parent sees only GPUs 4-7: visible index i must become the parent's i-th
+    entry, never physical GPU i (someone else's)."""
+    paths = write_scenarios(engine, tmp_path)
+    out = tmp_path / "out"
+    env = {**CUDA, "CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    proc = run_cli(["run", *map(str, paths), "--output", str(out), "--gpus", "0-3"], tmp_path / "cache", 120, **env)
+    assert kill_survivors(engine) == []
+    assert proc.returncode == 0, proc.stderr
+    spans = engine.servers()
+    assert spans and all(span.gpus and set(span.gpus) <= {4, 5, 6, 7} for span in spans), spans
+    root = one_run_dir(out)
+    for span in spans:
+        scenario, name = span.key.split("/")
+        info = next(
+            v for v in json.loads((root / scenario / "result.json").read_text())["variants"] if v["name"] == name
+        )["info"]
+        assert [4 + g for g in info["gpus"]] == list(span.gpus)  # the result keeps the visible indices ...
+        assert info["devices"] == ",".join(map(str, span.gpus))  # ... and what the server was given
+    assert "CUDA_VISIBLE_DEVICES=" in (root / "report.md").read_text()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from specwake.engine import EngineInfo
 from specwake.errors import PlatformMismatch
 from specwake.plan import (
     build_server_command,
@@ -15,6 +16,7 @@ from specwake.plan import (
     redact_env,
     resolve_discard,
 )
+from specwake.prepare import PreparedVariant, measurement_plan
 from specwake.scenario import Scenario, load_scenario
 
 SCENARIO = """
@@ -47,6 +49,7 @@ def scenario(tmp_path: Path) -> Scenario:
 def test_cpu_command_is_exact(scenario: Scenario) -> None:
     argv = build_server_command(
         scenario,
+        scenario.variants[0],
         python="/py",
         port=8123,
         model="/m/target",
@@ -79,15 +82,27 @@ def test_cpu_command_is_exact(scenario: Scenario) -> None:
         "--speculative-config",
         spec,
         "--worker-extension-cls",
-        "specwake.worker_ext.SpecwakeWorkerExtension",
+        "specwake.worker.extension.SpecwakeWorkerExtension",
         "--seed",
         "0",
     ]
 
 
+def test_a_vllm_that_can_run_vllm_serve_is_launched_through_it(scenario: Scenario) -> None:
+    kwargs = dict(python="/py", port=8123, model="/m/target", draft_model=None, sleep_mode=True, is_gpu=True)
+    cli = build_server_command(scenario, scenario.variants[0], entrypoint="cli", **kwargs)  # type: ignore[arg-type]
+    old = build_server_command(scenario, scenario.variants[0], entrypoint="api_server", **kwargs)  # type: ignore[arg-type]
+    assert cli[:8] == ["/py", "-m", "vllm.entrypoints.cli.main", "serve", "/m/target", "--host", "127.0.0.1", "--port"]
+    assert "--model" not in cli  # `vllm serve` takes the model positionally (and warns about --model)
+    assert (
+        old[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"] and old[old.index("--model") + 1] == "/m/target"
+    )
+    assert cli[8:] == [a for a in old[3:] if a not in ("--model", "/m/target")][3:]  # the rest is identical
+
+
 def test_gpu_command_adds_sleep_mode_and_memory(scenario: Scenario) -> None:
     argv = build_server_command(
-        scenario, python="/py", port=1, model="m", draft_model=None, sleep_mode=True, is_gpu=True
+        scenario, scenario.variants[0], python="/py", port=1, model="m", draft_model=None, sleep_mode=True, is_gpu=True
     )
     assert argv[-3:] == ["--enable-sleep-mode", "--seed", "0"]
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.8"
@@ -131,7 +146,43 @@ def test_gpu_env_sets_visible_devices(scenario: Scenario) -> None:
         gpus=(4, 5),
     )
     assert added["CUDA_VISIBLE_DEVICES"] == "4,5"
+    assert added["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
+@pytest.mark.parametrize(
+    ("parent", "visible", "expected"),
+    [
+        ("4,5,6,7", (0, 1), "4,5"),  # a Slurm slice: visible 0-1 are physical 4-5, never 0-1
+        ("4,5,6,7", (2, 3), "6,7"),
+        ("GPU-aaaa-1111,GPU-bbbb-2222", (1,), "GPU-bbbb-2222"),
+        ("MIG-1c2d-0/1/0, MIG-1c2d-0/2/0", (1,), "MIG-1c2d-0/2/0"),
+        (None, (2, 3), "2,3"),
+    ],
+)
+def test_gpu_indices_are_translated_through_the_parents_visible_devices(
+    scenario: Scenario, parent: str | None, visible: tuple[int, ...], expected: str
+) -> None:
+    base = {"CUDA_VISIBLE_DEVICES": parent} if parent is not None else {}
+    env, added = build_server_env(
+        scenario, scenario.variants[0], base_env=base, pythonpath=["/src"], is_gpu=True, cpu_ids=[0], gpus=visible
+    )
+    assert env["CUDA_VISIBLE_DEVICES"] == added["CUDA_VISIBLE_DEVICES"] == expected
+
+
+def test_a_gpu_index_outside_the_parents_list_is_refused(scenario: Scenario) -> None:
+    with pytest.raises(PlatformMismatch, match="GPU index 2 is not visible"):
+        build_server_env(
+            scenario, scenario.variants[0], base_env={"CUDA_VISIBLE_DEVICES": "4,5"}, pythonpath=[], is_gpu=True,
+            cpu_ids=[0], gpus=(2,),
+        )  # fmt: skip
+
+
+def test_gpu_users_variables_reach_the_server(scenario: Scenario) -> None:
+    base = {name: "1" for name in ("TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "PYTORCH_CUDA_ALLOC_CONF",
+                                   "NCCL_DEBUG", "CUDA_LAUNCH_BLOCKING", "AWS_SECRET_ACCESS_KEY")}  # fmt: skip
+    env, _ = build_server_env(scenario, scenario.variants[0], base_env=base, pythonpath=[], is_gpu=True, cpu_ids=[0])
+    assert set(env) >= set(base) - {"AWS_SECRET_ACCESS_KEY"} and "AWS_SECRET_ACCESS_KEY" not in env
 
 
 @pytest.mark.parametrize(
@@ -166,3 +217,48 @@ def test_discard_mismatch_is_input_error(tmp_path: Path, discard: str, sleep_mod
     with pytest.raises(PlatformMismatch, match=f"cycle.discard: .*{phrase}") as info:
         resolve_discard(load_scenario(path), sleep_mode=sleep_mode, platform="x")
     assert info.value.exit_code == 3
+
+
+def prepared_variant(scenario: Scenario, name: str, l2_discard: str) -> PreparedVariant:
+    variant = next(v for v in scenario.variants if v.name == name)
+    engine = EngineInfo("/py", "3.11", "0.32.0", Path("/pkg/vllm"), ("vllm==0.32.0",), "cpu", False, None, 0, 2)
+    return PreparedVariant(variant, engine, None, None, "/m/target", None, l2_discard)
+
+
+def test_check_shows_what_will_be_measured_and_decided_with_every_default(scenario: Scenario) -> None:
+    prepared = [prepared_variant(scenario, "baseline", "emulated"), prepared_variant(scenario, "patched", "emulated")]
+    text = "\n".join(measurement_plan(scenario, prepared))
+    assert f"prompts: {len(scenario.prompts)} from builtin:mixed" in text
+    assert "each stage: 1 warmup + 3 measured requests" in text  # the defaults, resolved
+    assert "max_tokens 256, temperature 0, ignore_eos true, request timeout 300 s" in text
+    assert "after each of 2 cycle(s): sleep → discard → wake_weights → reload_weights" in text
+    assert "emulated discard fills zero" in text and "step timeout 300 s" in text
+    assert "every post-cycle AL ≥ 95% of fresh (tolerance 0.05)" in text and "AL ≤ 1.05" in text
+    assert "baseline: expect any; speed 0.90× fresh — advisory: the L2 discard is emulated" in text
+    native = "\n".join(measurement_plan(scenario, [prepared_variant(scenario, "patched", "native")]))
+    assert "patched: expect any; speed 0.90× fresh — counts: the default for a real L2 discard" in native
+    assert "discard" not in native.split("stages:")[1].split("\n")[0]  # no emulated discard step on GPU
+
+
+VARIANTS = """
+[variants.baseline]
+[variants.preserve]
+args = ["--sleep-preserve-parameter-names", "draft.*"]
+[variants.floor]
+speculative = false
+"""
+
+
+def test_variant_args_follow_the_server_args_and_a_floor_has_no_speculation(tmp_path: Path) -> None:
+    path = tmp_path / "v.toml"
+    path.write_text(SCENARIO.split("[variants.baseline]")[0] + VARIANTS)
+    scenario = load_scenario(path)
+    kwargs = dict(python="/py", port=1, model="m", draft_model=None, sleep_mode=True, is_gpu=True)
+    baseline, preserve, floor = (build_server_command(scenario, v, **kwargs) for v in scenario.variants)  # type: ignore[arg-type]
+    assert preserve == [*baseline, "--sleep-preserve-parameter-names", "draft.*"]
+    assert "--speculative-config" in baseline and "--speculative-config" not in floor
+    assert [a for a in baseline if a not in floor] == [
+        "--speculative-config",
+        baseline[baseline.index("--speculative-config") + 1],
+    ]
+    assert scenario.settings()["variants"]["floor"]["speculative"] is False

@@ -21,16 +21,14 @@ from specwake.report import (
     EMULATED_NOTE,
     RESET_NOTE,
     STAGE_COLUMNS,
-    load_result,
     provenance_line,
     render_csv,
     render_json,
     render_markdown,
-    speed_call,
     stages_frame,
-    write_run_files,
 )
 from specwake.results import SCHEMA, ScenarioResult, StageResult, StepResult, VariantResult, from_dict
+from specwake.runfolder import load_result, write_run_files
 from specwake.stats import ratio
 
 DATA = Path(__file__).parent / "data"
@@ -257,24 +255,25 @@ def _speed_variant(fresh: list[float], after: list[float]) -> VariantResult:
     return _variant("v", "recover", "recover", [_stage(0, 64, 192, fresh, None), _stage(1, 64, 192, after, True)])
 
 
-def test_speed_call_kept_lost_inconclusive_follow_the_interval() -> None:
-    fresh = [100.0, 101.0, 99.0, 100.5]
-    assert speed_call(_speed_variant(fresh, [99.0, 100.0, 101.0, 100.0]), 0.9) == ("kept", [("after L2 #1", "kept")])
-    assert speed_call(_speed_variant(fresh, [50.0, 51.0, 49.0, 50.0]), 0.9) == ("lost", [("after L2 #1", "lost")])
-    straddles = _speed_variant(fresh, [80.0, 95.0, 100.0, 85.0])  # interval spans 0.9
-    assert speed_call(straddles, 0.9)[0] == "inconclusive"
-    too_few = _speed_variant(fresh, [50.0, 50.0])  # no interval with 2 samples: never guess
-    assert speed_call(too_few, 0.9)[0] == "inconclusive"
-    assert speed_call(_variant("v", "error", "recover", []), 0.9) is None
+def test_speed_line_says_the_pooled_call_and_whether_it_counts() -> None:
+    fresh = [100.0, 101.0, 99.0, 100.5, 100.2]
+    halved = [_stage(c, 64, 192, [x / 2 for x in fresh], True) for c in (1, 2)]
+    lost = _variant("v", "degraded", "recover", [_stage(0, 64, 192, fresh, None), *halved])
+    explicit = _scenario("s", "fail", [lost])
+    text = render_markdown([explicit])
+    assert "tok/s after the cycles: 0.50× fresh (5 vs 10 requests): **lost** — below 0.90× fresh" in text
+    assert "counts: set by the scenario (expect.min_speedup_recovery), threshold 0.90× fresh" in text
+    unset = replace(explicit, scenario={**explicit.scenario, "settings": {"expect": {"tolerance": 0.05}}})
+    assert "advisory: the L2 discard is emulated (CPU)" in render_markdown([unset])
 
 
 def test_variant_lines_carry_outcome_explanation_and_speed_call() -> None:
     text = render_markdown([tiny_cpu()])
     assert "- **baseline**: collapse (expected collapse) ✓ — AL 4.00 → 1.00 → 1.00 (after L2 #1: " in text
-    assert "; tok/s after the cycles: **lost** (threshold 0.90× fresh)" in text
+    assert "× fresh (3 vs 6 requests): **inconclusive** — too few requests for a 1% test" in text
     assert "- **patched**: recover (expected recover) ✓ — AL 4.00 → 4.00 → 3.92" in text
-    assert "; tok/s after the cycles: **kept** (threshold 0.90× fresh)" in text
-    assert EMULATED_NOTE in text
+    assert "(3 fresh need ≥ 7 post-cycle); counts: set by the scenario" in text
+    assert EMULATED_NOTE.format(fill="zeros") in text
 
 
 def test_patched_over_baseline_ratio_line() -> None:
@@ -348,7 +347,7 @@ def test_provenance_footer() -> None:
 def test_markdown_missing_values_are_dashes_and_native_runs_have_no_note() -> None:
     result = graphed_gpu()
     text = render_markdown([result])
-    assert EMULATED_NOTE not in text
+    assert "L2 discard emulated on CPU" not in text
     assert _table_rows(text, "baseline")[0] == ["baseline", "fresh", "3.20", "50", "110/150", "88.0 (n=1)", "–", "–"]
     assert _table_rows(text, "patched\\|v2")[0] == ["patched\\|v2", "no stage measured", *["–"] * 6]
 

@@ -57,7 +57,8 @@ def test_shipped_tiny_cpu_scenario_resolves() -> None:
     patched = next(v for v in s.variants if v.name == "patched")
     assert patched.patch == REPO / "scenarios" / "patches" / "draft-reload.diff"
     assert s.speculative["num_speculative_tokens"] == 3
-    assert s.cycle.count == 2 and s.workload.repeats == 3 and s.workload.max_tokens == 128
+    assert s.cycle.count == 2 and s.workload.repeats == 5 and s.workload.max_tokens == 128
+    assert s.min_speedup_recovery is None  # speed is advisory where the discard is emulated
 
 
 def test_prompt_files_relative_to_scenario(tmp_path: Path) -> None:
@@ -130,7 +131,7 @@ BAD = [
     ),
     (MINIMAL.replace("[server]", "[server]\nenv = { A = 1 }"), "server.env", "must be a string"),
     (MINIMAL.replace("[server]", "[server]\nmodle = 'x'"), "server.modle", "did you mean 'model'"),
-    (MINIMAL + "[expect]\nbaseline = 'fine'\n", "expect.baseline", "recover, collapse, crash, any"),
+    (MINIMAL + "[expect]\nbaseline = 'fine'\n", "expect.baseline", "recover, collapse, corrupt, crash, any"),
     (MINIMAL + "[expect]\npached = 'recover'\n", "expect.pached", "no variant named"),
     (MINIMAL + "[expect]\ntolerance = 2\n", "expect.tolerance", "[0, 1)"),
     (MINIMAL + "[variants.patched]\npatch = 'nope.diff'\n", "variants.patched.patch", "not found"),

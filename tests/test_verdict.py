@@ -5,14 +5,17 @@ Stages are built here with chosen numbers; the thresholds they sit on are comput
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 
 import pytest
 
+from specwake.crashes import ERROR_CLASSES, MEANINGS
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
 from specwake.results import StageResult, VariantResult
 from specwake.verdict import (
     COLLAPSE_AL,
+    DEFAULT_MIN_SPEEDUP,
     EXPECTATIONS,
     INCOMPLETE,
     OUTCOMES,
@@ -20,7 +23,9 @@ from specwake.verdict import (
     decide_verdict,
     exit_code,
     explain,
+    first_difference,
     outcome_matches,
+    speed_rule,
 )
 
 TOL = 0.05
@@ -44,9 +49,8 @@ def stage(cycle: int, al: float | None, drafts: int = 100, k: int = 3) -> StageR
     )
 
 
-def outcome(stages: list[StageResult], **kw: bool) -> str:
-    flags = {"crashed": False, "never_ready": False} | kw
-    return decide_outcome(stages, tolerance=TOL, **flags)
+def outcome(stages: list[StageResult], **kw: object) -> str:
+    return decide_outcome(stages, tolerance=TOL, **kw)  # type: ignore[arg-type]
 
 
 def variant(outcome_: str, stages: list[StageResult], **kw: object) -> VariantResult:
@@ -104,7 +108,7 @@ def test_collapse_threshold_is_inclusive_and_first_collapse_wins_over_recovery()
 def test_collapse_threshold_can_be_changed() -> None:
     stages = [stage(0, 4.0), stage(1, 1.5)]
     assert outcome(stages) == "degraded"
-    relaxed = decide_outcome(stages, crashed=False, never_ready=False, tolerance=TOL, collapse_al=1.5)
+    relaxed = decide_outcome(stages, tolerance=TOL, collapse_al=1.5)
     assert relaxed == "collapse"
 
 
@@ -133,18 +137,72 @@ def test_degraded_when_nothing_proves_recovery(stages: list[StageResult]) -> Non
 
 def test_crash_keeps_priority_over_its_partial_measurement() -> None:
     measured = [stage(0, 4.0), stage(1, 1.0)]
-    assert outcome(measured, crashed=True) == "crash"
-    assert outcome([], crashed=True) == "crash"
+    assert outcome(measured, failure="step_failed") == "crash"
+    assert outcome([], failure="server_exited") == "crash"
 
 
-def test_never_ready_is_error_before_anything_else() -> None:
-    assert outcome([], never_ready=True, crashed=True) == "error"
+@pytest.mark.parametrize("cls", ERROR_CLASSES)
+def test_classes_that_mean_never_measured_are_error(cls: str) -> None:
+    assert outcome([], failure=cls) == "error"
+    assert outcome([stage(0, 4.0)], failure=cls) == "error"
+
+
+@pytest.mark.parametrize("cls", [c for c in MEANINGS if c not in ERROR_CLASSES])
+def test_every_other_class_is_a_crash(cls: str) -> None:
+    assert outcome([stage(0, 4.0)], failure=cls) == "crash"
+
+
+def diverged(cycle: int, al: float) -> StageResult:
+    return replace(stage(cycle, al), outputs=["y"], outputs_match_fresh=False)
+
+
+def test_outputs_that_differ_from_fresh_are_corrupt_and_rank_above_collapse() -> None:
+    assert outcome([stage(0, 4.0), diverged(1, 4.0)]) == "corrupt"
+    assert outcome([stage(0, 4.0), stage(1, 1.0), diverged(2, 1.0)]) == "corrupt"
+    assert outcome([stage(0, 4.0), diverged(1, 1.0)], failure="step_failed") == "crash"
+
+
+def test_a_target_that_does_not_match_fresh_is_corrupt_even_with_equal_text() -> None:
+    assert outcome([stage(0, 4.0), stage(1, 4.0)], target_restored=False) == "corrupt"
+    assert outcome([stage(0, 4.0), stage(1, 4.0)], target_restored=True) == "recover"
+    assert outcome([stage(0, 4.0), stage(1, 4.0)], target_restored=None) == "recover"
+
+
+def timed(cycle: int, al: float, speeds: list[float]) -> StageResult:
+    return replace(stage(cycle, al), tok_s=speeds, tok_s_median=statistics.median(speeds))
+
+
+FRESH_SPEEDS = [600.0, 605.0, 610.0, 615.0, 620.0]
+
+
+def test_a_binding_speed_loss_turns_recover_into_degraded_an_advisory_one_does_not() -> None:
+    halved = [timed(0, 4.0, FRESH_SPEEDS)] + [timed(c, 4.0, [x / 2 for x in FRESH_SPEEDS]) for c in (1, 2)]
+    binding, advisory = speed_rule(0.9, "emulated"), speed_rule(None, "emulated")
+    assert binding.binding and not advisory.binding
+    assert outcome(halved, speed=binding) == "degraded"
+    assert outcome(halved, speed=advisory) == "recover"
+    assert outcome(halved, speed=speed_rule(None, "native")) == "degraded"
+
+
+def test_the_speed_rule_says_why_it_applies() -> None:
+    assert "scenario" in speed_rule(0.8, "native").why and speed_rule(0.8, "native").min_ratio == 0.8
+    assert "advisory" in speed_rule(None, "emulated").why
+    assert speed_rule(None, "native").min_ratio == DEFAULT_MIN_SPEEDUP
+
+
+def test_explain_corrupt_says_where_the_text_diverged() -> None:
+    fresh = replace(stage(0, 4.0), outputs=["abcdefgh", "same"])
+    after = replace(stage(1, 4.0), outputs=["abcXefgh", "same"], outputs_match_fresh=False)
+    line = explain(variant("corrupt", [fresh, after]), TOL)
+    assert line.startswith("the target was not restored: after L2 #1: completions differ from fresh")
+    assert "request 1, from character 3: 'Xefgh' where fresh had 'defgh'" in line
+    assert first_difference("abc", "abc") is None and first_difference("abc", "ab") == 2
 
 
 @pytest.mark.parametrize("tolerance", [-0.1, 1.0, 2.0])
 def test_bad_tolerance_is_rejected(tolerance: float) -> None:
     with pytest.raises(ValueError, match="tolerance"):
-        decide_outcome([], crashed=False, never_ready=False, tolerance=tolerance)
+        decide_outcome([], tolerance=tolerance)
 
 
 # ------------------------------------------------------------ matching and verdicts
@@ -258,9 +316,19 @@ def test_explain_error_gives_first_line_of_the_error() -> None:
     failed = variant("error", [], crash_class="startup_failed", error="exited with 1\nlog tail")
     line = explain(failed, TOL)
     assert "startup_failed" in line and "exited with 1" in line and "log tail" not in line
+    assert line.startswith("not measured")
 
 
 def test_explain_a_variant_still_running() -> None:
     running = variant(INCOMPLETE, [stage(0, 4.0), stage(1, 1.0)], matched=False)
     assert explain(running, TOL) == "not finished; AL 4.00 → 1.00 so far"
     assert explain(variant(INCOMPLETE, []), TOL) == "no stage measured yet"
+
+
+def test_a_variant_without_speculation_is_the_floor_unless_its_target_broke() -> None:
+    no_drafts = [stage(0, None, drafts=0), stage(1, None, drafts=0)]
+    assert outcome(no_drafts, speculative=False) == "floor"
+    assert outcome([stage(0, None, drafts=0), diverged(1, 1.0)], speculative=False) == "corrupt"
+    assert outcome(no_drafts, speculative=False, failure="startup_failed") == "error"
+    assert outcome_matches("floor", "any") and not outcome_matches("floor", "recover")
+    assert "no speculation" in explain(variant("floor", no_drafts), TOL)

@@ -1,6 +1,6 @@
-"""Tests of the builtin tiny model: deterministic offline build, cache reuse, race, errors.
+"""Tests of the builtin models' cache: deterministic offline build, cache reuse, race, errors, the registry.
 
-Builds run specwake.tinymodel_build in this interpreter (the venv has torch, safetensors, tokenizers).
+Builds run specwake.worker.build in this interpreter (the venv has torch, safetensors, tokenizers).
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ import pytest
 from tokenizers import Tokenizer
 
 from specwake.errors import EngineMissing, InputError
-from specwake.tinymodel import (
+from specwake.models import (
     BUILTIN_MODELS,
     builder_env,
     ensure_builtin_model,
+    is_builtin,
+    lookup,
     model_dir,
     resolve_model_ref,
 )
@@ -126,7 +128,7 @@ def test_concurrent_builds_agree_on_one_folder(tmp_path: Path) -> None:
 
 
 def test_failed_build_raises_engine_missing_and_cleans_up(tmp_path: Path) -> None:
-    with pytest.raises(EngineMissing, match="tiny model"):
+    with pytest.raises(EngineMissing, match="builtin model tiny-llama"):
         ensure_builtin_model("tiny-llama", "/nonexistent/python", tmp_path)
     assert list((tmp_path / "models").iterdir()) == []
 
@@ -134,9 +136,9 @@ def test_failed_build_raises_engine_missing_and_cleans_up(tmp_path: Path) -> Non
 def test_builder_error_carries_stderr_tail(tmp_path: Path) -> None:
     # A real interpreter without the needed --out argument: argparse writes to stderr.
     bad_python = tmp_path / "python"
-    bad_python.write_text(f"#!/bin/sh\nexec {sys.executable} -m specwake.tinymodel_build\n")
+    bad_python.write_text(f"#!/bin/sh\nexec {sys.executable} -m specwake.worker.build\n")
     bad_python.chmod(0o755)
-    with pytest.raises(EngineMissing, match="--out"):
+    with pytest.raises(EngineMissing, match="required"):
         ensure_builtin_model("tiny-llama", str(bad_python), tmp_path / "cache")
 
 
@@ -146,7 +148,8 @@ def test_unknown_builtin_name_lists_known(tmp_path: Path) -> None:
     assert "huge-llama" in str(info.value)
     with pytest.raises(InputError):
         ensure_builtin_model("nope", sys.executable, tmp_path)
-    assert BUILTIN_MODELS == ("tiny-llama",)
+    assert lookup("tiny-llama").family == "draft_model"
+    assert len({m.name for m in BUILTIN_MODELS}) == len(BUILTIN_MODELS)
 
 
 def test_resolve_builtin_uses_cache_env(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -162,6 +165,17 @@ def test_non_builtin_refs_pass_through(ref: str) -> None:
 def test_builder_env_puts_package_parent_first() -> None:
     env = builder_env({"PYTHONPATH": "/elsewhere", "HOME": "/h"})
     first, rest = env["PYTHONPATH"].split(":", 1)
-    assert (Path(first) / "specwake" / "tinymodel_build.py").is_file()
+    assert (Path(first) / "specwake" / "worker" / "build.py").is_file()
     assert rest == "/elsewhere"
     assert env["HOME"] == "/h"
+
+
+def test_a_drafter_and_its_builtin_target_both_resolve(tmp_path: Path) -> None:
+    target = resolve_model_ref("builtin:mtp-gemma4", sys.executable, tmp_path)
+    draft = resolve_model_ref("builtin:mtp-gemma4-assistant", sys.executable, tmp_path)
+    assert Path(target) == model_dir("mtp-gemma4", tmp_path) and Path(draft).is_dir()
+    assert (
+        json.loads((Path(draft) / "config.json").read_text())["backbone_hidden_size"]
+        == json.loads((Path(target) / "config.json").read_text())["hidden_size"]
+    )
+    assert is_builtin("builtin:x") and not is_builtin("meta-llama/x") and not is_builtin(None)

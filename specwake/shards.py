@@ -1,0 +1,99 @@
+"""CI fleets: a deterministic split of scenario × variant jobs over N machines (`specwake run --shard K/N`), and the
+merge of the shards' results back into one result per scenario (`specwake report` / `compare` over every shard).
+
+Pure. Every machine computes the same split from the same scenario files, so no two shards run the same job and
+none is skipped; the split balances GPUs (tensor-parallel size) across machines, largest jobs first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from specwake.errors import InputError
+from specwake.results import ScenarioResult
+from specwake.verdict import INCOMPLETE, decide_verdict
+
+_SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int  # 1-based
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def parse_shard(text: str) -> Shard:
+    """`K/N` with 1 ≤ K ≤ N; InputError naming the flag otherwise."""
+    match = _SHARD.match(text)
+    if match is None:
+        raise InputError(f"--shard: expected K/N (e.g. 2/4), got {text!r}")
+    index, count = int(match.group(1)), int(match.group(2))
+    if not 1 <= index <= count:
+        raise InputError(f"--shard: K must be between 1 and N, got {index}/{count}")
+    return Shard(index, count)
+
+
+def assign(jobs: Sequence[tuple[str, int]], count: int) -> list[list[str]]:
+    """(job key, GPUs it needs) → the keys of each of `count` shards. Largest first, each to the least loaded
+    shard (ties: the lowest). Every key lands in exactly one shard; keys must be unique."""
+    keys = [key for key, _ in jobs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("job keys must be unique")
+    shards: list[list[str]] = [[] for _ in range(count)]
+    load = [0] * count
+    for key, weight in sorted(jobs, key=lambda job: (-job[1], job[0])):
+        target = min(range(count), key=lambda i: (load[i], i))
+        shards[target].append(key)
+        load[target] += weight
+    return shards
+
+
+def jobs_of(shard: Shard, jobs: Sequence[tuple[str, int]]) -> set[str]:
+    return set(assign(jobs, shard.count)[shard.index - 1])
+
+
+def merge_shards(results: Sequence[ScenarioResult]) -> list[ScenarioResult]:
+    """One result per scenario: results of one scenario file (same name and sha256) whose variants do not overlap
+    are merged, their verdict decided again from every variant. Anything else is kept as it is."""
+    merged: list[ScenarioResult] = []
+    for result in results:
+        key = (result.name, result.scenario.get("sha256"))
+        into = next(
+            (
+                i
+                for i, done in enumerate(merged)
+                if (done.name, done.scenario.get("sha256")) == key and not _overlap(done, result)
+            ),
+            None,
+        )
+        if into is None:
+            merged.append(result)
+            continue
+        merged[into] = _combine(merged[into], result)
+    return merged
+
+
+def _overlap(a: ScenarioResult, b: ScenarioResult) -> bool:
+    return bool({v.name for v in a.variants} & {v.name for v in b.variants})
+
+
+def _combine(a: ScenarioResult, b: ScenarioResult) -> ScenarioResult:
+    order = list((a.scenario.get("settings") or {}).get("variants") or {})
+    variants = sorted([*a.variants, *b.variants], key=lambda v: order.index(v.name) if v.name in order else len(order))
+    verdict = decide_verdict([(v.outcome, v.expected) for v in variants if v.outcome != INCOMPLETE])
+    shards = [s for r in (a, b) for s in (r.scenario.get("shards") or [r.scenario.get("shard")]) if s]
+    finished = [t for t in (a.finished_at, b.finished_at) if t]
+    return replace(
+        a,
+        scenario={**a.scenario, "shards": shards},
+        variants=variants,
+        verdict=verdict,
+        started_at=min(a.started_at, b.started_at),
+        finished_at=max(finished) if finished else None,
+        complete=a.complete and b.complete,
+    )

@@ -1,0 +1,104 @@
+"""End to end on real vLLM CPU: the whole drafter-family matrix (scenarios/cpu/*.toml) in one `specwake run`, each
+server started once. Every family runs with three vLLMs: stock (baseline), the reference fix (patched) and the
+known-bad first fix (naive, tests/data/naive-draft-reload.diff).
+
+Stock must collapse everywhere and the reference fix recover everywhere; the naive fix recovers draft_model,
+EAGLE3 and MiMo but crashes the Gemma4 engine — the incomplete fix this matrix exists to catch before a GPU is spent.
+Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.procs import require_module, run_scenario_cli
+
+REPO = Path(__file__).resolve().parent.parent
+CPU_SCENARIOS = REPO / "scenarios" / "cpu"
+NAIVE = REPO / "tests" / "data" / "naive-draft-reload.diff"
+FAMILIES = {
+    "cpu-draft-model": "recover",
+    "cpu-eagle3": "recover",
+    "cpu-mimo-mtp": "recover",
+    "cpu-deepseek-v3-mtp": "recover",
+    "cpu-gemma4-mtp": "crash",
+}  # scenario → the naive fix's outcome
+require_module("vllm")
+
+pytestmark = pytest.mark.vllm
+
+
+def with_naive_variant(source: Path, folder: Path) -> str:
+    """The shipped scenario with its patch path made absolute and a third variant running the naive fix."""
+    text = source.read_text().replace('"../patches/', f'"{CPU_SCENARIOS.parent}/patches/')
+    text += f'\n[variants.naive]\npatch = "{NAIVE}"\n'
+    copy = folder / source.name
+    copy.write_text(text)
+    return str(copy)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("families")
+    scenarios = [with_naive_variant(path, folder) for path in sorted(CPU_SCENARIOS.glob("*.toml"))]
+    return run_scenario_cli(scenarios, tmp_path_factory.mktemp("results"), timeout=3600)
+
+
+def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
+    return next(v for v in run["results"][scenario]["variants"] if v["name"] == name)
+
+
+def test_the_matrix_covers_every_shipped_cpu_family(run: dict[str, Any]) -> None:
+    assert sorted(run["results"]) == sorted(FAMILIES)
+    proc = run["proc"]
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    assert run["leftovers"] == []
+
+
+@pytest.mark.parametrize("scenario", sorted(FAMILIES))
+def test_stock_vllm_collapses_with_fresh_al_exactly_k_plus_1(run: dict[str, Any], scenario: str) -> None:
+    base = variant(run, scenario, "baseline")
+    fresh, *after = base["stages"]
+    assert base["outcome"] == "collapse" and fresh["acceptance_length"] == 4.0  # K = 3, every draft accepted
+    assert after and all(s["acceptance_length"] == 1.0 and s["outputs_match_fresh"] for s in after)
+
+
+@pytest.mark.parametrize("scenario", sorted(FAMILIES))
+def test_the_reference_fix_recovers_every_family(run: dict[str, Any], scenario: str) -> None:
+    patched = variant(run, scenario, "patched")
+    assert patched["outcome"] == "recover", patched.get("error")
+    assert all(s["acceptance_length"] == 4.0 for s in patched["stages"])
+    assert patched["overlay"] and patched["vllm_file"].startswith(patched["overlay"] + "/")
+    restore = [d for d in patched["diagnostics"] if d["point"] == "after reload_weights"]
+    assert restore and all(
+        fp[role]["differ"] == 0 for d in restore for fp in d["fingerprints"] for role in ("target", "draft")
+    )
+
+
+@pytest.mark.parametrize(("scenario", "expected"), sorted(FAMILIES.items()))
+def test_the_naive_fix_outcome_per_family(run: dict[str, Any], scenario: str, expected: str) -> None:
+    naive = variant(run, scenario, "naive")
+    assert naive["outcome"] == expected, naive.get("error")
+
+
+def test_the_naive_fix_crash_on_gemma4_names_its_class_and_the_workers_error(run: dict[str, Any]) -> None:
+    naive = variant(run, "cpu-gemma4-mtp", "naive")
+    assert naive["crash_class"] in ("engine_dead", "step_failed")
+    assert "AssertionError" in (naive["first_error"] or "")
+    failed = [s for s in naive["steps"] if not s["ok"]]
+    assert [s["name"] for s in failed] == ["reload_weights"]
+
+
+def test_stock_leaves_the_drafter_unrestored_and_the_target_restored(run: dict[str, Any]) -> None:
+    for scenario in FAMILIES:
+        fps = [d for d in variant(run, scenario, "baseline")["diagnostics"] if d["point"] == "after reload_weights"]
+        assert all(fp["target"]["differ"] == 0 and fp["draft"]["differ"] > 0 for d in fps for fp in d["fingerprints"])
+
+
+def test_the_combined_report_shows_the_matrix(run: dict[str, Any]) -> None:
+    report = (run["dir"] / "report.md").read_text()
+    assert report in run["proc"].stdout or report.replace("&lt;", "<") in run["proc"].stdout
+    assert "| scenario | baseline | patched | naive |" in report
