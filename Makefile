@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.specwake-installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo families test lint clean
 
 install: $(STAMP)
 
@@ -20,6 +20,13 @@ $(STAMP): pyproject.toml
 
 demo: install
 	$(BIN)/specwake run scenarios/tiny-cpu.toml
+
+# Every drafter family that runs on CPU, stock vLLM against the reference fix: one combined report.
+# (scenarios/cpu/push-*.toml, the RL trainers' weight push, are run on their own.)
+FAMILIES := $(filter-out scenarios/cpu/push-%,$(wildcard scenarios/cpu/*.toml))
+
+families: install
+	$(BIN)/specwake run $(FAMILIES)
 
 test: install
 	$(BIN)/python -m pytest

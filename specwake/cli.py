@@ -60,6 +60,12 @@ def run(
     interleave: Annotated[
         bool, typer.Option(help="CPU: both variants' servers up at once, stages alternated A/B.")
     ] = False,
+    sequential: Annotated[
+        bool,
+        typer.Option(
+            help="CPU: one server at a time (default: servers start side by side, each measurement runs alone)."
+        ),
+    ] = False,
     junit: Annotated[
         Path | None, typer.Option(help="Also write JUnit XML here (one test case per scenario × variant).")
     ] = None,
@@ -86,6 +92,7 @@ def run(
         output=output,
         cache=cache_dir(),
         interleave=interleave,
+        sequential=sequential,
         gpus=gpus,
         junit=junit,
         resume=resume,

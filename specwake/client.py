@@ -1,4 +1,4 @@
-"""HTTP calls to one vLLM server: completions, /metrics, and the dev-mode sleep/wake/RPC endpoints.
+"""HTTP calls to one vLLM server: /metrics and the dev-mode sleep/wake/RPC endpoints (completions: completions.py).
 
 Takes an injected `httpx.Client` (tests hand in an `httpx.MockTransport`); every call has a deadline.
 """
@@ -18,17 +18,6 @@ from specwake.errors import RequestFailed, RequestTimeout
 # /collective_rpc passes our deadline to the workers; the HTTP call waits this much longer, so the server's own
 # timeout answer (naming the worker) arrives before ours fires.
 RPC_SLACK_S = 5.0
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    completion_tokens: int
-    seconds: float
-
-    @property
-    def tok_s(self) -> float:
-        return self.completion_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -106,33 +95,6 @@ class VllmClient:
     def metrics_text(self, timeout: float = 30.0) -> str:
         body = self.checked("GET", "/metrics", timeout=timeout).body
         return body if isinstance(body, str) else ""
-
-    def complete(
-        self,
-        *,
-        model: str,
-        prompt: str,
-        max_tokens: int,
-        temperature: float,
-        ignore_eos: bool,
-        timeout: float,
-    ) -> Completion:
-        payload = {
-            "model": model,
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "ignore_eos": ignore_eos,
-            "stream": False,
-        }
-        answer = self.checked("POST", "/v1/completions", timeout=timeout, json=payload)
-        body = answer.body
-        try:
-            text = body["choices"][0]["text"]
-            tokens = int(body["usage"]["completion_tokens"])
-        except (TypeError, KeyError, IndexError, ValueError):
-            raise RequestFailed(f"POST /v1/completions: unexpected answer {_short(body)}") from None
-        return Completion(text, tokens, answer.seconds)
 
     def collective_rpc(self, method: str, *, timeout: float, kwargs: dict[str, Any] | None = None) -> Answer:
         """Call a worker method on every worker; the answer body is `{"results": [...]}` or empty."""

@@ -1,11 +1,14 @@
 """One sleep/wake cycle against a running server, every step timed with its HTTP status.
 
 Level 2: sleep → [emulated discard] → wake weights → reload_weights → wake kv_cache → reset prefix cache.
+With a push (RL trainers' weight update) the reload is specwake_push, at either level; level 1 otherwise wakes
+everything at once (its weights were offloaded, not discarded).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +17,7 @@ from specwake.errors import RequestFailed, RequestTimeout, ServerFault
 from specwake.results import StepResult
 
 DISCARD_METHOD = "specwake_emulate_discard"
+PUSH_METHOD = "specwake_push"
 
 
 @dataclass(frozen=True)
@@ -26,25 +30,33 @@ class Step:
     rpc_kwargs: tuple[tuple[str, str], ...] = ()
 
 
-def cycle_steps(level: int, emulate_discard: bool, fill: str = "zero") -> list[Step]:
-    """The documented step sequence for one cycle of the given sleep level; `fill`: what the emulated discard
-    leaves in the parameters (zero | nan | random)."""
-    if level == 1:
-        return [
-            Step("sleep", "POST", "/sleep", (("level", "1"),)),
-            Step("wake_up", "POST", "/wake_up"),
-            Step("reset_prefix_cache", "POST", "/reset_prefix_cache"),
-        ]
-    steps = [Step("sleep", "POST", "/sleep", (("level", "2"),))]
-    if emulate_discard:
+def cycle_steps(level: int, emulate_discard: bool, fill: str = "zero", push: str | None = None) -> list[Step]:
+    """The step sequence of one cycle at the given sleep level. `fill`: what the emulated discard leaves in the
+    parameters (zero | nan | random); `push`: the JSON request of a weight push, which replaces reload_weights."""
+    sleep = Step("sleep", "POST", "/sleep", (("level", str(level)),))
+    reset = Step("reset_prefix_cache", "POST", "/reset_prefix_cache")
+    if level == 1 and push is None:
+        return [sleep, Step("wake_up", "POST", "/wake_up"), reset]
+    steps = [sleep]
+    if emulate_discard and level == 2:
         steps.append(Step("discard", "POST", "/collective_rpc", rpc=DISCARD_METHOD, rpc_kwargs=(("fill", fill),)))
+    reload = (
+        Step("reload_weights", "POST", "/collective_rpc", rpc="reload_weights")
+        if push is None
+        else Step("push", "POST", "/collective_rpc", rpc=PUSH_METHOD, rpc_kwargs=(("request", push),))
+    )
     steps += [
         Step("wake_weights", "POST", "/wake_up", (("tags", "weights"),)),
-        Step("reload_weights", "POST", "/collective_rpc", rpc="reload_weights"),
+        reload,
         Step("wake_kv_cache", "POST", "/wake_up", (("tags", "kv_cache"),)),
-        Step("reset_prefix_cache", "POST", "/reset_prefix_cache"),
+        reset,
     ]
     return steps
+
+
+def push_request(to: Sequence[str], scale: Mapping[str, float]) -> str:
+    """The JSON a push passes to the worker extension (/collective_rpc carries strings)."""
+    return json.dumps({"to": list(to), "scale": dict(scale)}, sort_keys=True)
 
 
 def _call(client: VllmClient, step: Step, timeout: float) -> Answer:
@@ -66,13 +78,14 @@ def run_cycle(
     emulate_discard: bool,
     step_timeout_s: float,
     fill: str = "zero",
+    push: str | None = None,
     on_step: Callable[[StepResult], None] | None = None,
     host_rss: Callable[[], int | None] = lambda: None,
 ) -> tuple[list[StepResult], ServerFault | None]:
     """Run every step in order; stop at the first failed one and return it as the fault. `host_rss` is read
     after every step (the wake ledger)."""
     results: list[StepResult] = []
-    for step in cycle_steps(level, emulate_discard, fill):
+    for step in cycle_steps(level, emulate_discard, fill, push):
         fault: ServerFault | None = None
         body: Any = None
         try:

@@ -18,9 +18,11 @@ FRESH = "fresh"  # the name the workers keep the fresh checksums under
 
 # Fingerprints read the weights, so they are taken only where weights are resident: never while a real L2
 # sleep has unmapped them (between `sleep` and `wake_weights` on GPU).
-FINGERPRINT_POINTS = {"after fresh", "after discard", "after reload_weights"}
+FINGERPRINT_POINTS = {"after fresh", "after discard", "after reload_weights", "after push"}
 # Memory is safe to read at any point.
-MEMORY_POINTS = {"before sleep", "after sleep", "after wake_weights", "after reload_weights", "after wake_kv_cache"}
+MEMORY_POINTS = {
+    "before sleep", "after sleep", "after wake_weights", "after reload_weights", "after push", "after wake_kv_cache",
+}  # fmt: skip
 
 
 def point_after(step_name: str) -> str:

@@ -1,19 +1,32 @@
-"""One measured stage: warmup, N greedy requests one at a time, /metrics before and after.
+"""One measured stage: a prefix-cache probe, warmup, N greedy requests one at a time, /metrics before and after.
 
-Returns a StageResult with AL and per-position rates from counter deltas, tok/s samples and completion texts.
+Returns a StageResult: AL and per-position rates from counter deltas; tok/s, time to first token and time per
+output token per request; completion texts; against the fresh stage, where the tokens first differ and how far
+their logprobs drifted; and how many prompt tokens the server served from its prefix cache right after the wake.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specwake.client import Completion, VllmClient
+from specwake.client import VllmClient
+from specwake.completions import Completer, Completion
 from specwake.errors import RequestFailed
 from specwake.metrics import SpecCounters, counter_delta, parse_spec_counters
 from specwake.results import StageResult
+
+LOGPROB_TOLERANCE = 1e-3  # |Δ logprob| above this at a position counts as drift
+# The prefix-cache probe: ~300 characters, several KV-cache blocks with any tokenizer, under 512 tokens with a
+# byte-level one. Every stage sends it twice: the first answer must show no cached tokens right after a wake (the
+# wake reset the prefix cache; a hit means stale hashes survived); the second shows the cache works at all.
+PREFIX_PROBE = (
+    "Specwake prefix probe. A shared preamble that every stage sends first, so that a prefix cache which kept "
+    "its hashes across a sleep and wake would serve these tokens from memory that no longer holds them. The "
+    "quick brown fox jumps over the lazy dog while the five boxing wizards jump quickly. Stage"
+)
 
 
 @dataclass(frozen=True)
@@ -32,11 +45,11 @@ def stage_name(cycle: int, level: int = 2) -> str:
     return "fresh" if cycle == 0 else f"after L{level} #{cycle}"
 
 
-def _request(client: VllmClient, workload: Workload, index: int) -> Completion:
-    return client.complete(
+def _request(completer: Completer, workload: Workload, prompt: str, max_tokens: int | None = None) -> Completion:
+    return completer.complete(
         model=workload.model,
-        prompt=workload.prompts[index % len(workload.prompts)],
-        max_tokens=workload.max_tokens,
+        prompt=prompt,
+        max_tokens=workload.max_tokens if max_tokens is None else max_tokens,
         temperature=workload.temperature,
         ignore_eos=workload.ignore_eos,
         timeout=workload.request_timeout_s,
@@ -68,26 +81,66 @@ def _settled_counters(
         sleep(0.2)
 
 
+@dataclass(frozen=True)
+class Drift:
+    """How a stage's tokens and logprobs differ from the fresh stage's, request by request."""
+
+    first_difference: tuple[int, int] | None  # (request, token) where the tokens first differ
+    max_logprob_drift: float | None  # largest |Δ logprob| over the positions both share
+    over_tolerance: int  # positions whose |Δ logprob| exceeds LOGPROB_TOLERANCE
+    compared: int  # positions compared
+
+
+def drift(fresh: Sequence[Completion], now: Sequence[Completion], tolerance: float = LOGPROB_TOLERANCE) -> Drift:
+    """Token by token against fresh: logprobs are compared up to each request's first differing token."""
+    first: tuple[int, int] | None = None
+    largest: float | None = None
+    over = compared = 0
+    for request, (a, b) in enumerate(zip(fresh, now, strict=False)):
+        for index, (ta, tb) in enumerate(zip(a.tokens, b.tokens, strict=False)):
+            if ta != tb:
+                first = first or (request, index)
+                break
+            la = a.logprobs[index] if index < len(a.logprobs) else None
+            lb = b.logprobs[index] if index < len(b.logprobs) else None
+            if la is None or lb is None:
+                continue
+            delta = abs(la - lb)
+            compared += 1
+            over += delta > tolerance
+            largest = delta if largest is None else max(largest, delta)
+        else:
+            if len(a.tokens) != len(b.tokens) and first is None:
+                first = (request, min(len(a.tokens), len(b.tokens)))
+    return Drift(first, largest, over, compared)
+
+
 def run_stage(
     client: VllmClient,
+    completer: Completer,
     workload: Workload,
     *,
     name: str,
     cycle: int,
     fresh: StageResult | None = None,
+    fresh_completions: Sequence[Completion] = (),
     on_request: Callable[[Completion], None] | None = None,
     settle_s: float = 5.0,
     sleep: Callable[[float], None] = time.sleep,
-) -> StageResult:
-    """Measure one stage. Server faults (timeouts, HTTP errors) propagate as ServerFault."""
+) -> tuple[StageResult, list[Completion]]:
+    """Measure one stage; returns it with its measured completions. Server faults propagate as ServerFault."""
     start = _scrape(client)
+    probe = f"{PREFIX_PROBE} {cycle}."
+    first_probe = _request(completer, workload, probe, max_tokens=1)  # the first request after a wake
+    control = _request(completer, workload, probe, max_tokens=1)
     warm_started = time.monotonic()
-    warm_tokens = sum(_request(client, workload, i).completion_tokens for i in range(workload.warmup))
+    warm = [_request(completer, workload, workload.prompts[i % len(workload.prompts)]) for i in range(workload.warmup)]
     warmup_seconds = time.monotonic() - warm_started
-    before = _settled_counters(client, start, warm_tokens, settle_s, sleep) if warm_tokens else start
+    sent = sum(c.completion_tokens for c in [first_probe, control, *warm])
+    before = _settled_counters(client, start, sent, settle_s, sleep)
     completions = []
     for i in range(workload.repeats):
-        completion = _request(client, workload, i)
+        completion = _request(completer, workload, workload.prompts[i % len(workload.prompts)])
         completions.append(completion)
         if on_request is not None:
             on_request(completion)
@@ -96,7 +149,8 @@ def run_stage(
     delta = counter_delta(before, after)
     outputs = [c.text for c in completions]
     samples = [round(c.tok_s, 3) for c in completions]
-    return StageResult(
+    against = drift(fresh_completions, completions) if fresh is not None else None
+    result = StageResult(
         name=name,
         cycle=cycle,
         acceptance_length=delta.acceptance_length,
@@ -111,4 +165,18 @@ def run_stage(
         outputs_match_fresh=None if fresh is None else outputs == fresh.outputs[: len(outputs)],
         counters_reset=delta.counters_reset,
         warmup_seconds=round(warmup_seconds, 3),
+        ttft=[_rounded(c.ttft) for c in completions],
+        tpot=[_rounded(c.tpot, 6) for c in completions],
+        first_request_ttft=_rounded(first_probe.ttft),
+        prefix_cached=first_probe.cached_tokens,
+        prefix_cached_repeat=control.cached_tokens,
+        first_difference=list(against.first_difference) if against and against.first_difference else None,
+        max_logprob_drift=None if against is None else against.max_logprob_drift,
+        logprobs_over_tolerance=None if against is None else against.over_tolerance,
+        logprobs_compared=None if against is None else against.compared,
     )
+    return result, completions
+
+
+def _rounded(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)

@@ -129,15 +129,18 @@ def build_server_command(
         spec = speculative_config(scenario, draft_model)
         argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
     argv += ["--worker-extension-cls", WORKER_EXTENSION]
+    # usage.prompt_tokens_details.cached_tokens: how the prefix-cache probe sees stale hashes after a wake
+    argv.append("--enable-prompt-tokens-details")
     if sleep_mode:
         argv.append("--enable-sleep-mode")
     argv += [*server.args, *variant.args]
     return argv
 
 
-def cpu_thread_binding(tp: int, cpu_ids: list[int]) -> str | None:
-    """VLLM_CPU_OMP_THREADS_BIND for TP>1 on CPU: one contiguous core range per rank, joined by '|'."""
-    if tp <= 1:
+def cpu_thread_binding(tp: int, cpu_ids: Sequence[int], always: bool = False) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND on CPU: one contiguous core range per rank, joined by '|'. Needed for TP>1;
+    with `always`, also for one rank (servers side by side must not share vLLM's automatic core 0)."""
+    if tp <= 1 and not always:
         return None
     if len(cpu_ids) < tp:
         return None
@@ -173,6 +176,7 @@ def build_server_env(
     is_gpu: bool,
     cpu_ids: list[int],
     gpus: tuple[int, ...] = (),
+    cores: tuple[int, ...] = (),
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(full child environment, the part specwake added). Scenario and variant env win over defaults."""
     env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
@@ -185,7 +189,8 @@ def build_server_env(
         added["CUDA_DEVICE_ORDER"] = base_env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     else:
         added.setdefault("VLLM_CPU_KVCACHE_SPACE", env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        binding = cpu_thread_binding(scenario.server.tensor_parallel_size, cpu_ids)
+        tp = scenario.server.tensor_parallel_size
+        binding = cpu_thread_binding(tp, cores, always=True) if cores else cpu_thread_binding(tp, cpu_ids)
         if binding and "VLLM_CPU_OMP_THREADS_BIND" not in env:
             added["VLLM_CPU_OMP_THREADS_BIND"] = binding
     added.update(scenario.server.env)

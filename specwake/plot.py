@@ -6,6 +6,7 @@ matplotlib is optional (the `plot` extra) and imported only when a plot is asked
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from specwake.errors import InputError, ResultsUnwritable
 from specwake.results import ScenarioResult, StageResult, VariantResult
 from specwake.stats import summarize
+from specwake.verdict import MIB, rss_after_wake
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 
 MISSING_MATPLOTLIB = "--plot needs matplotlib: pip install 'specwake[plot]'"
 PANEL_WIDTH_IN = 12.0
-PANEL_HEIGHT_IN = 3.8
+PANEL_HEIGHT_IN = 7.0
 DPI = 110
 SPREAD = 0.08  # horizontal offset between variants' tok/s error bars, in stage units
 NAN = float("nan")
@@ -107,17 +109,48 @@ def _draw_toks(ax: Axes, result: ScenarioResult, colors: Sequence[Any]) -> None:
     ax.set_title("Decode speed per stage", fontsize=10)
 
 
+def tpot_series(variant: VariantResult) -> tuple[list[int], list[float]]:
+    """(cycles, median time per output token in ms) of the stages that measured it."""
+    cycles, medians = [], []
+    for stage in _stages(variant):
+        known = [t for t in stage.tpot if t is not None]
+        if known:
+            cycles.append(stage.cycle)
+            medians.append(statistics.median(known) * 1000)
+    return cycles, medians
+
+
+def rss_series(variant: VariantResult) -> tuple[list[int], list[float]]:
+    """(cycles, host RSS of the server group after the wake, MiB)."""
+    rss = rss_after_wake(variant.steps)
+    return list(rss), [v / MIB for v in rss.values()]
+
+
+def _draw_lines(ax: Axes, result: ScenarioResult, colors: Sequence[Any], series: Any, ylabel: str, title: str) -> None:
+    for variant, color in zip(result.variants, colors, strict=False):
+        xs, ys = series(variant)
+        if xs:
+            ax.plot(xs, ys, marker="o", linewidth=1.5, markersize=5, color=color)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+
+
 def _draw_scenario(fig: SubFigure, result: ScenarioResult) -> None:
-    """One panel: AL on the left, tok/s on the right, one shared legend of the variants below."""
+    """One panel: AL and tok/s per stage above, time per output token and host RSS per cycle below, one shared
+    legend of the variants."""
     from matplotlib import colormaps
 
     colors = [colormaps["tab10"](i % 10) for i in range(len(result.variants))]
-    al_ax, toks_ax = fig.subplots(1, 2)
+    (al_ax, toks_ax), (tpot_ax, rss_ax) = fig.subplots(2, 2)
     labels = stage_labels(result)
     _draw_al(al_ax, result, colors)
     _draw_toks(toks_ax, result, colors)
-    for ax in (al_ax, toks_ax):
+    _draw_lines(tpot_ax, result, colors, tpot_series, "TPOT median (ms)", "Time per output token per stage")
+    _draw_lines(rss_ax, result, colors, rss_series, "host RSS after wake (MiB)", "Server memory per cycle")
+    for ax in (al_ax, toks_ax, tpot_ax):
         _set_stage_axis(ax, labels)
+    rss_ax.set_xlabel("cycle")
+    rss_ax.grid(True, axis="y", alpha=0.3)
     if not labels:
         for ax in (al_ax, toks_ax):
             ax.text(0.5, 0.5, "no stage measured", transform=ax.transAxes, ha="center", va="center")
@@ -125,7 +158,7 @@ def _draw_scenario(fig: SubFigure, result: ScenarioResult) -> None:
     handles, names = al_ax.get_legend_handles_labels()
     if handles:
         fig.legend(handles, names, loc="lower center", ncol=min(len(handles), 3), fontsize=9, frameon=False)
-    fig.subplots_adjust(left=0.07, right=0.98, top=0.82, bottom=0.26, wspace=0.22)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.9, bottom=0.14, wspace=0.22, hspace=0.45)
 
 
 def build_figure(results: Sequence[ScenarioResult]) -> Figure:

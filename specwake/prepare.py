@@ -172,7 +172,9 @@ def require_runnable(prepared: Sequence[PreparedVariant]) -> None:
             raise PlatformMismatch(prep.platform_problem)
 
 
-def plan_variant(scenario: Scenario, prep: PreparedVariant, port: int, gpus: tuple[int, ...] = ()) -> VariantPlan:
+def plan_variant(
+    scenario: Scenario, prep: PreparedVariant, port: int, gpus: tuple[int, ...] = (), cores: tuple[int, ...] = ()
+) -> VariantPlan:
     """The exact argv and environment of one variant's server."""
     engine = prep.engine
     pythonpath = ([str(prep.overlay.root)] if prep.overlay else []) + [PACKAGE_PARENT]
@@ -195,6 +197,7 @@ def plan_variant(scenario: Scenario, prep: PreparedVariant, port: int, gpus: tup
         is_gpu=engine.is_gpu,
         cpu_ids=available_cpus(),
         gpus=gpus,
+        cores=cores,
     )
     return VariantPlan(prep.variant, engine.python, argv, env, added, port, prep.l2_discard, gpus)
 
@@ -204,8 +207,12 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     w, c = scenario.workload, scenario.cycle
     source = w.prompts if isinstance(w.prompts, str) else "the scenario file"
     emulated = any(p.l2_discard == "emulated" for p in prepared)
-    steps = " → ".join(step.name for step in cycle_steps(c.level, emulated, c.discard_fill))
-    fill = f", emulated discard fills {c.discard_fill}" if emulated and c.level == 2 else ""
+    push = "push" if c.reload == "push" else None
+    steps = "; ".join(
+        f"L{level}: " + " → ".join(step.name for step in cycle_steps(level, emulated, c.discard_fill, push))
+        for level in c.levels
+    )
+    fill = f", emulated discard fills {c.discard_fill}" if emulated and 2 in c.levels else ""
     bound = 1.0 - scenario.tolerance
     lines = [
         "  measures:",
@@ -224,8 +231,10 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     ]
     for prep in prepared:
         rule = speed_rule(scenario.min_speedup_recovery, prep.l2_discard)
+        pushed = f"; pushes to {' and '.join(prep.variant.push_to)}" if c.reload == "push" else ""
         lines.append(
-            f"    {prep.variant.name}: expect {prep.variant.expected}; speed {rule.min_ratio:.2f}× fresh — {rule.why}"
+            f"    {prep.variant.name}: expect {prep.variant.expected}{pushed}; speed {rule.min_ratio:.2f}× fresh"
+            f" — {rule.why}"
         )
     return lines
 

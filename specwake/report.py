@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,10 +10,19 @@ from typing import Any
 import pandas as pd
 
 from specwake.markdown import MISSING, cell, inline, num, short_sha
+from specwake.report_cycles import cost_table, drift_line, logprob_line, prefix_cache_line
 from specwake.report_details import details
 from specwake.results import ScenarioResult, StageResult, VariantResult, to_dict
 from specwake.stats import Ratio, Summary, ratio, summarize
-from specwake.verdict import INCOMPLETE, SpeedRule, explain, recorded_speed_rule, recorded_tolerance, speed_after_cycles
+from specwake.verdict import (
+    INCOMPLETE,
+    SpeedRule,
+    explain,
+    outcome_matches,
+    recorded_speed_rule,
+    recorded_tolerance,
+    speed_after_cycles,
+)
 
 EMULATED_NOTE = (
     "L2 discard emulated on CPU: after /sleep?level=2 specwake overwrote every parameter of target and drafter "
@@ -33,6 +41,8 @@ TABLE_SPEC = (
     ("accepted/drafted", "---:", 16),
     ("tok/s median [CI]", "---:", 21),
     ("vs fresh [CI]", "---:", 18),
+    ("TPOT ms [CI]", "---:", 18),
+    ("1st TTFT ms", "---:", 11),
     ("outputs = fresh", ":---:", 15),
 )
 STAGE_COLUMNS = tuple(
@@ -117,9 +127,16 @@ def _stage_cells(variant: str, row: _Row) -> list[str]:
         f"{s.num_accepted_tokens}/{s.num_draft_tokens}",
         _summarycell(row.summary),
         _ratiocell(row.vs_fresh),
+        _tpotcell(s.tpot),
+        num(None if s.first_request_ttft is None else s.first_request_ttft * 1000, 1),
         _matchcell(s.outputs_match_fresh),
     ]
     return [cell(c) for c in cells]
+
+
+def _tpotcell(values: Sequence[float | None]) -> str:
+    known = [v * 1000 for v in values if v is not None]
+    return _summarycell(summarize(known), 2) if known else MISSING
 
 
 def _table(variants: Sequence[VariantResult]) -> list[str]:
@@ -157,9 +174,10 @@ def _speed_text(variant: VariantResult, rule: SpeedRule) -> str:
 
 
 def _variant_line(variant: VariantResult, tolerance: float, rule: SpeedRule) -> str:
+    found = f"; **findings**: {'; '.join(variant.findings)}" if variant.findings else ""
     return inline(
         f"- **{variant.name}**: {variant.outcome} (expected {variant.expected}) {_mark(variant)}"
-        f" — {explain(variant, tolerance)}{_speed_text(variant, rule)}"
+        f" — {explain(variant, tolerance)}{found}{_speed_text(variant, rule)}"
     )
 
 
@@ -193,38 +211,6 @@ def _floor_lines(variants: Sequence[VariantResult]) -> list[str]:
         + ", ".join(parts)
         + " — a collapsed drafter sits at 1×: every drafted token is wasted work"
     ]
-
-
-WAKE_STEPS = ("wake_weights", "reload_weights", "wake_kv_cache", "wake_up")
-MIB = 1024 * 1024
-
-
-def _wake_cost(variant: VariantResult) -> tuple[float | None, int | None]:
-    """(median seconds per cycle from the first wake step to the end of the wake, median host RSS after it)."""
-    per_cycle: dict[int, float] = {}
-    rss: dict[int, int] = {}
-    for step in variant.steps:
-        if step.name in WAKE_STEPS and step.ok:
-            per_cycle[step.cycle] = per_cycle.get(step.cycle, 0.0) + step.seconds
-        if step.rss_bytes is not None:
-            rss[step.cycle] = step.rss_bytes  # the last step of the cycle wins: after the wake
-    seconds = statistics.median(per_cycle.values()) if per_cycle else None
-    host = int(statistics.median(rss.values())) if rss else None
-    return seconds, host
-
-
-def _cost_table(variants: Sequence[VariantResult]) -> list[str]:
-    """What each variant's wake costs, side by side: the trade-off of reloading against preserving in host memory."""
-    rows = [(v.name, *_wake_cost(v)) for v in variants if v.steps]
-    if not any(seconds is not None or host is not None for _, seconds, host in rows):
-        return []
-    lines = [
-        "| variant | wake + reload per cycle (s, median) | host RSS after wake (MiB, median) |",
-        "| --- | ---: | ---: |",
-    ]
-    for name, seconds, host in rows:
-        lines.append(f"| {cell(name)} | {num(seconds, 3)} | {MISSING if host is None else f'{host / MIB:.0f}'} |")
-    return ["", *lines]
 
 
 def _unique(values: Sequence[str]) -> list[str]:
@@ -300,7 +286,9 @@ def _scenario_section(result: ScenarioResult) -> list[str]:
     lines += [_variant_line(v, tolerance, recorded_speed_rule(result, v)) for v in result.variants]
     lines += _patched_vs_baseline(result.variants)
     lines += _floor_lines(result.variants)
-    lines += _cost_table(result.variants)
+    lines += prefix_cache_line(result.variants)
+    lines += [line for v in result.variants for line in (logprob_line(v), drift_line(v)) if line]
+    lines += cost_table(result.variants)
     if any(s.counters_reset for v in result.variants for s in v.stages):
         lines += ["", RESET_NOTE]
     if any(v.l2_discard == "emulated" for v in result.variants):
@@ -327,6 +315,8 @@ def _offenders(results: Sequence[ScenarioResult]) -> list[str]:
                 named.append(f"{r.name}/{v.name} not measured ({v.crash_class or 'startup_failed'})")
             elif v.outcome == INCOMPLETE:
                 named.append(f"{r.name}/{v.name} unfinished")
+            elif not v.matched and v.findings and outcome_matches(v.outcome, v.expected):
+                named.append(f"{r.name}/{v.name} {v.findings[0].split(':')[0]}")
             elif not v.matched:
                 named.append(f"{r.name}/{v.name} {v.outcome}, expected {v.expected}")
     return named

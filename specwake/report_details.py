@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 
 from specwake.markdown import MISSING, cell, fenced, inline
+from specwake.report_cycles import ledger
 from specwake.results import StageResult, VariantResult
 from specwake.weights import ROLES, memory_line, weights_line
 
@@ -83,6 +84,7 @@ def details(variant: VariantResult) -> list[str]:
         (f"{variant.outcome} ({variant.crash_class or 'unknown'})", _failure_lines(variant)),
         ("per-position acceptance", _position_table(variant)),
         ("cycle steps", _step_table(variant)),
+        ("wake ledger", ledger(variant)),
         ("diagnostics", ["Diagnostics:", "", *diag, ""] if diag else []),
         ("server command", _command(variant)),
     ]

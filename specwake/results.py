@@ -31,6 +31,15 @@ class StageResult:
     outputs_match_fresh: bool | None  # None for the fresh stage itself
     counters_reset: bool = False  # a counter went backwards (engine restarted)
     warmup_seconds: float = 0.0  # wall time of the unmeasured warmup requests
+    ttft: list[float | None] = field(default_factory=list)  # seconds to the first token, per measured request
+    tpot: list[float | None] = field(default_factory=list)  # seconds per output token after the first
+    first_request_ttft: float | None = None  # of the stage's first request: right after the wake
+    prefix_cached: int | None = None  # prompt tokens served from the prefix cache right after the wake
+    prefix_cached_repeat: int | None = None  # the same probe again: shows the prefix cache works at all
+    first_difference: list[int] | None = None  # [request, token] where tokens first differ from fresh
+    max_logprob_drift: float | None = None  # largest |Δ logprob| against fresh over the shared tokens
+    logprobs_over_tolerance: int | None = None  # positions drifting by more than measure.LOGPROB_TOLERANCE
+    logprobs_compared: int | None = None
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,7 @@ class StepResult:
     """One timed step of a sleep/wake cycle."""
 
     cycle: int
-    name: str  # sleep | discard | wake_weights | reload_weights | wake_kv_cache | reset_prefix_cache
+    name: str  # sleep | discard | wake_weights | reload_weights | push | wake_kv_cache | reset_prefix_cache
     method: str
     path: str
     status: int | None  # HTTP status, None when no answer came
@@ -54,7 +63,7 @@ class VariantResult:
     """Everything measured and decided for one variant of one scenario."""
 
     name: str
-    outcome: str  # recover | collapse | crash | degraded | error
+    outcome: str  # one of verdict.OUTCOMES, or "incomplete" for a variant an interruption cut short
     expected: str
     matched: bool
     platform: str  # cpu | cuda | rocm | unknown
@@ -79,6 +88,8 @@ class VariantResult:
     # Per probe point ("after fresh", "after discard", "after reload_weights", ...): per-rank worker answers
     # {"cycle", "point", "fingerprints": [...], "memory": [...]}; see specwake.diagnose.
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)  # problems beyond the outcome (see verdict.findings)
+    push: dict[str, Any] | None = None  # {"to": [...], "scale": {...}} when cycles push weights instead of reloading
 
 
 @dataclass(frozen=True)

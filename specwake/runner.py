@@ -22,7 +22,7 @@ from specwake.prepare import PreparedVariant
 from specwake.results import ScenarioResult, VariantResult
 from specwake.runfolder import write_run_files
 from specwake.scenario import Scenario
-from specwake.schedule import Job, run_packed
+from specwake.schedule import Job, OpenGate, PhaseGate, run_packed
 from specwake.variant_run import VariantRun
 from specwake.verdict import INCOMPLETE, decide_verdict
 
@@ -53,7 +53,7 @@ def assemble(
 ) -> ScenarioResult:
     """The scenario result; a variant still running (outcome `incomplete`) takes no part in the verdict.
     `shard`: "K/N" when this machine ran only its share of the jobs (specwake.shards)."""
-    verdict = decide_verdict([(v.outcome, v.expected) for v in variants if v.outcome != INCOMPLETE])
+    verdict = decide_verdict([(v.outcome, v.matched) for v in variants if v.outcome != INCOMPLETE])
     return ScenarioResult(
         scenario={
             "name": scenario.name,
@@ -200,21 +200,27 @@ def _stop_when_cancelled(cancel: threading.Event, run: VariantRun) -> None:
 
 def run_packed_scenarios(
     work: Sequence[tuple[Scenario, Sequence[PreparedVariant], Path, Sequence[VariantResult], str | None]],
-    gpus: Sequence[int],
+    devices: Sequence[int],
     events: Events,
     shard: str | None = None,
+    *,
+    cpu: bool = False,
 ) -> list[ScenarioResult]:
-    """Every scenario × variant server on its own disjoint GPU set, as many at once as fit, largest TP first.
+    """Every scenario × variant server on its own disjoint set of `devices`, as many at once as fit, largest TP
+    first. On a GPU machine the devices are GPUs. With `cpu` they are CPU cores: servers start side by side, each
+    worker bound to its own cores, and every measurement runs alone (schedule.PhaseGate) so its tok/s is its own.
 
     One server's crash never stops the others. On Ctrl-C every running server is stopped (not just abandoned)
     and every scenario keeps what it measured.
     """
     cancel = threading.Event()
+    gate = PhaseGate(cancel) if cpu else OpenGate()
     recorders: list[Recorder] = []
     jobs: list[Job] = []
     by_key: dict[str, tuple[Scenario, PreparedVariant, Path, int]] = {}
     for index, (scenario, prepared, run_dir, kept, started_at) in enumerate(work):
-        recorders.append(Recorder(scenario, run_dir, [], "packed", kept, started_at, shard))
+        mode = "overlapped" if cpu else "packed"
+        recorders.append(Recorder(scenario, run_dir, [], mode, kept, started_at, shard))
         for prep in prepared:
             key = f"{scenario.name}/{prep.variant.name}"
             jobs.append(Job(key, scenario.server.tensor_parallel_size))
@@ -223,7 +229,8 @@ def run_packed_scenarios(
     def run_job(job: Job, got: tuple[int, ...]) -> VariantResult:
         scenario, prep, run_dir, index = by_key[job.key]
         scoped = _scoped(events, scenario.name)
-        run = VariantRun(scenario, prep, run_dir, scoped, gpus=got, cancel=cancel)
+        gpus, cores = ((), got) if cpu else (got, ())
+        run = VariantRun(scenario, prep, run_dir, scoped, gpus=gpus, cores=cores, gate=gate, cancel=cancel)
         recorder = recorders[index]
         recorder.add(run)
         watcher = threading.Thread(target=_stop_when_cancelled, args=(cancel, run), daemon=True)
@@ -232,7 +239,7 @@ def run_packed_scenarios(
         return run.result()
 
     try:
-        run_packed(jobs, gpus, run_job, on_event=events, cancel=cancel)
+        run_packed(jobs, devices, run_job, on_event=events, cancel=cancel, unit="cores" if cpu else "GPUs")
     except BaseException:
         for recorder in recorders:
             recorder.save()

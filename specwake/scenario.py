@@ -5,9 +5,11 @@ Every problem becomes a ScenarioError that renders as one line: ``file: key.path
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import re
 import sys
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specwake.errors import ScenarioError
-from specwake.verdict import DEFAULT_TOLERANCE, EXPECTATIONS
+from specwake.verdict import DEFAULT_TOLERANCE, EXPECTATIONS, Limits
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,6 +28,8 @@ else:  # pragma: no cover
 
 # A scenario or variant name names a folder: one path component, nothing that could climb out of --output.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+LIMIT_KEYS = {f.name for f in dataclasses.fields(Limits)}
 
 # Flags specwake sets itself; a scenario's `server.args` may not override them.
 RESERVED_FLAGS = {
@@ -39,8 +43,16 @@ RESERVED_FLAGS = {
     "--enable-sleep-mode": "specwake enables sleep mode where the platform supports it",
 }
 
-# Numeric keys of [expect] besides the per-variant expectations: allowed range [low, high).
-EXPECT_NUMBERS = {"tolerance": (0.0, 1.0), "min_speedup_recovery": (0.0, 1.5)}
+# Numeric keys of [expect] besides the per-variant expectations: allowed range [low, high), or (low, high)
+# for those in POSITIVE (a floor of 0 would pass any speed).
+EXPECT_NUMBERS = {
+    "tolerance": (0.0, 1.0),
+    "min_speedup_recovery": (0.0, 1.5),
+    "max_logprob_drift": (0.0, math.inf),
+    "max_rss_growth_mb": (0.0, math.inf),
+    "max_wake_s": (0.0, math.inf),
+}
+POSITIVE = {"min_speedup_recovery", "max_wake_s"}
 
 BUILTIN_PROMPTS = {
     "mixed": (
@@ -99,21 +111,44 @@ class ServerSection(_Strict):
 class WorkloadSection(_Strict):
     prompts: str | list[str] = "builtin:mixed"
     max_tokens: int = Field(default=256, gt=0)
-    repeats: int = Field(default=3, gt=0)
+    repeats: int = Field(default=5, gt=0)  # measured requests per stage: 5 gives the speed rule power
     warmup: int = Field(default=1, ge=0)
     temperature: float = Field(default=0.0, ge=0)
     ignore_eos: bool = True
     request_timeout_s: float = Field(default=300, gt=0)
 
 
+Level = Literal[1, 2]
+PushTarget = Literal["target", "draft"]
+_TARGET_ONLY: list[PushTarget] = ["target"]  # what most RL trainers push
+
+
+def _distinct(value: Any) -> Any:
+    if isinstance(value, list) and (not value or len(set(value)) != len(value)):
+        raise ValueError("must list one or more distinct values")
+    return value
+
+
 class CycleSection(_Strict):
-    level: Literal[1, 2] = 2
+    # A list runs every variant once per level (its name gets "-L1", "-L2"): L1 and L2 side by side.
+    level: Level | list[Level] = 2
     count: int = Field(default=2, ge=1)
+    # How weights come back after the wake: vLLM's reload_weights from disk, or pushed into the live models
+    # through load_weights, as RL trainers do (verl, NeMo-RL, TRL).
+    reload: Literal["reload_weights", "push"] = "reload_weights"
+    push_to: list[PushTarget] = Field(default_factory=lambda: _TARGET_ONLY.copy())
     discard: Literal["auto", "native", "emulated"] = "auto"
     # What an emulated discard leaves in the parameters. A real L2 wake on CUDA hands back memory it did not
     # clear, so a drafter that is never reloaded holds undefined values there, not zeros.
     discard_fill: Literal["zero", "nan", "random"] = "zero"
     step_timeout_s: float = Field(default=300, gt=0)
+
+    _level = field_validator("level")(_distinct)
+    _push_to = field_validator("push_to")(_distinct)
+
+    @property
+    def levels(self) -> list[int]:
+        return list(self.level) if isinstance(self.level, list) else [self.level]
 
 
 class VariantSection(_Strict):
@@ -126,10 +161,15 @@ class VariantSection(_Strict):
     # false: the same server without --speculative-config, measured the same way — the no-speculation floor a
     # collapse falls to. Its outcome is `floor`, never judged.
     speculative: bool = True
+    push_to: list[PushTarget] | None = None  # with [cycle] reload = "push": this variant's push (default: cycle's)
+    # A perturbed push: checkpoint tensor name → factor, applied to target and drafter alike. The output must then
+    # change while AL stays: proof that the drafter follows the new weights.
+    push_scale: dict[str, float] = Field(default_factory=dict)
 
     _args_list = field_validator("args", mode="before")(_args_is_list)
     _args_free = field_validator("args")(_no_reserved_flags)
     _env = field_validator("env", mode="before")(_env_values_are_strings)
+    _push_to = field_validator("push_to")(_distinct)
 
 
 class ScenarioFile(_Strict):
@@ -169,14 +209,35 @@ class ScenarioFile(_Strict):
         for key, value in self.expect.items():
             if key in EXPECT_NUMBERS:
                 low, high = EXPECT_NUMBERS[key]
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
-                    raise ValueError(f"expect.{key}: must be a number in [{low:g}, {high:g})")
+                opening = "(" if key in POSITIVE else "["
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not low <= value < high
+                    or (key in POSITIVE and value == low)
+                ):
+                    raise ValueError(f"expect.{key}: must be a number in {opening}{low:g}, {high:g})")
                 continue
-            if key not in self.variants:
-                hint = _did_you_mean(key, [*self.variants, *EXPECT_NUMBERS])
+            levels = self.cycle.levels
+            # NAME-L1 / NAME-L2 exist only when [cycle] level lists several levels.
+            names = [*self.variants, *(f"{v}-L{lv}" for v in self.variants for lv in levels if len(levels) > 1)]
+            if key not in names:
+                hint = _did_you_mean(key, [*names, *EXPECT_NUMBERS])
                 raise ValueError(f"expect.{key}: no variant named {key!r}{hint}")
             if value not in EXPECTATIONS:
                 raise ValueError(f"expect.{key}: must be one of {', '.join(EXPECTATIONS)} (got {value!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _push_keys_need_push(self) -> ScenarioFile:
+        if self.cycle.reload == "push":
+            return self
+        if "push_to" in self.cycle.model_fields_set:
+            raise ValueError('cycle.push_to: only with cycle.reload = "push"')
+        for name, section in self.variants.items():
+            for key in ("push_to", "push_scale"):
+                if key in section.model_fields_set:
+                    raise ValueError(f'variants.{name}.{key}: only with cycle.reload = "push"')
         return self
 
 
@@ -189,6 +250,9 @@ class Variant:
     expected: str
     args: tuple[str, ...] = ()
     speculative: bool = True
+    level: int = 2  # the sleep level its cycles use
+    push_to: tuple[str, ...] = ("target",)  # with [cycle] reload = "push"
+    push_scale: tuple[tuple[str, float], ...] = ()  # a perturbed push (see VariantSection)
 
 
 @dataclass(frozen=True)
@@ -203,6 +267,7 @@ class Scenario:
     variants: tuple[Variant, ...]
     tolerance: float
     min_speedup_recovery: float | None = None  # None: not set (see verdict.speed_rule)
+    limits: Limits = Limits()
 
     @property
     def server(self) -> ServerSection:
@@ -231,12 +296,16 @@ class Scenario:
                 "env": v.env,
                 "args": list(v.args),
                 "speculative": v.speculative,
+                "level": v.level,
+                "push_to": list(v.push_to),
+                "push_scale": dict(v.push_scale),
             }
             for v in self.variants
         }
         data["expect"] = {v.name: v.expected for v in self.variants} | {
             "tolerance": self.tolerance,
             "min_speedup_recovery": self.min_speedup_recovery,
+            **dataclasses.asdict(self.limits),
         }
         return json.loads(json.dumps(data))
 
@@ -258,7 +327,8 @@ def _did_you_mean(word: str, choices: list[str]) -> str:
 
 def _error_from_validation(file: str, exc: ValidationError, doc_keys: dict[str, Any]) -> ScenarioError:
     err = exc.errors()[0]
-    loc = ".".join(str(part) for part in err["loc"])
+    # A union adds its member's tag to the location ("cycle.level.literal[1,2]"): the key is what users wrote.
+    loc = ".".join(str(part) for part in err["loc"] if "[" not in str(part))
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         *parent, key = [str(p) for p in err["loc"]]
@@ -269,7 +339,7 @@ def _error_from_validation(file: str, exc: ValidationError, doc_keys: dict[str, 
     more = len(exc.errors()) - 1
     if more:
         msg += f" (+{more} more problem{'s' if more > 1 else ''})"
-    if msg.startswith("expect."):  # model-level check already carries its key
+    if msg.startswith(("expect.", "cycle.", "variants.")):  # a model-level check already carries its key
         loc, msg = msg.split(": ", 1)
     return ScenarioError(file, loc, msg)
 
@@ -329,6 +399,10 @@ def _load_prompts(file: Path, spec: str | list[str]) -> tuple[str, ...]:
 
 def _apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    if overrides.patch is not None:  # --patch names the `patched` variant; add it if the file has none
+        variants = raw.get("variants", {"baseline": {}})
+        if isinstance(variants, dict) and "patched" not in variants:
+            raw["variants"] = {**variants, "patched": {}}
     if overrides.cycles is not None:
         raw.setdefault("cycle", {})["count"] = overrides.cycles
     if overrides.tp is not None and isinstance(raw.get("server"), dict):
@@ -362,8 +436,6 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
         raise _error_from_validation(shown, exc, raw) from None
 
     variants = dict(doc.variants)
-    if overrides.patch is not None and "patched" not in variants:
-        variants["patched"] = VariantSection()
     if overrides.variants:
         for name in overrides.variants:
             if name not in variants:
@@ -379,20 +451,36 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
             f"{name!r} must be one safe path component — letters, digits, '_', '.', '-' — as it names the run"
             f" folder{origin}",
         )
+    doc = _local_models(file, doc)
     resolved = []
+    levels = doc.cycle.levels
     for name_, section in variants.items():
         patch = _resolve_patch(shown, file, name_, section, overrides)
         python = section.python
         if python and ("/" in python or python.startswith("~")):
             python = str((file.parent / Path(python).expanduser()).resolve())
-        expected = doc.expect.get(name_, "any")
-        if not section.speculative and expected != "any":
-            raise ScenarioError(
-                shown, f"expect.{name_}", f"{name_!r} runs without speculation (the floor): it is measured, not judged"
+        for level in levels:
+            full = name_ if len(levels) == 1 else f"{name_}-L{level}"
+            expected = doc.expect.get(full, doc.expect.get(name_, "any"))
+            if not section.speculative and expected != "any":
+                raise ScenarioError(
+                    shown, f"expect.{name_}", f"{name_!r} runs without speculation (the floor): measured, not judged"
+                )
+            push_to = tuple(section.push_to or doc.cycle.push_to)
+            resolved.append(
+                Variant(
+                    full,
+                    patch,
+                    python,
+                    dict(section.env),
+                    expected,
+                    tuple(section.args),
+                    section.speculative,
+                    level,
+                    push_to,
+                    tuple(sorted(section.push_scale.items())),
+                )  # fmt: skip
             )
-        resolved.append(
-            Variant(name_, patch, python, dict(section.env), expected, tuple(section.args), section.speculative)
-        )
 
     tolerance = float(doc.expect.get("tolerance", DEFAULT_TOLERANCE))
     min_speedup = doc.expect.get("min_speedup_recovery")
@@ -405,7 +493,24 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
         variants=tuple(resolved),
         tolerance=tolerance,
         min_speedup_recovery=None if min_speedup is None else float(min_speedup),
+        limits=Limits(**{k: float(v) for k, v in doc.expect.items() if k in LIMIT_KEYS}),
     )
+
+
+def _local_path(file: Path, ref: str) -> str:
+    """A model reference that is a path (./x, ../x, /x, ~/x) → absolute, relative to the scenario file, so a
+    scenario runs the same from any directory; anything else (a Hub id, builtin:NAME) is returned as is."""
+    if ref.startswith(("./", "../", "/", "~")):
+        return str((file.parent / Path(ref).expanduser()).resolve())
+    return ref
+
+
+def _local_models(file: Path, doc: ScenarioFile) -> ScenarioFile:
+    server = doc.server.model_copy(update={"model": _local_path(file, doc.server.model)})
+    speculative = dict(doc.speculative)
+    if isinstance(speculative.get("model"), str):
+        speculative["model"] = _local_path(file, speculative["model"])
+    return doc.model_copy(update={"server": server, "speculative": speculative})
 
 
 def _resolve_patch(shown: str, file: Path, name: str, section: VariantSection, overrides: Overrides) -> Path | None:

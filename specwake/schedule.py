@@ -3,13 +3,14 @@ and a thread executor (`run_packed`) that runs the jobs for real, starting each 
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -236,6 +237,7 @@ def run_packed(
     *,
     on_event: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
+    unit: str = "GPUs",
 ) -> dict[str, R | BaseException]:
     """Run every job for real, each in its own thread, ``run(job, gpus)`` as soon as it fits.
 
@@ -250,6 +252,7 @@ def run_packed(
     for every started ``run`` to return — a server outliving its thread would leak a GPU — then
     re-raises the interruption; a further Ctrl-C while waiting does not abandon the wait. When the
     caller set ``cancel`` itself, jobs never started get an ``Interrupted`` result instead.
+    ``unit`` names the devices in progress lines ("cores" when they are CPU cores).
     Raises ValueError (nothing started) for duplicate keys or a job larger than ``gpus``.
     """
     validate(jobs, gpus)
@@ -283,7 +286,7 @@ def run_packed(
                 thread = threading.Thread(target=work, args=(job, got), name=f"specwake-job-{job.key}")
                 threads[job.key] = thread  # registered before start: the drain below must see it
                 thread.start()
-                emit(f"start {job.key} on {_describe(got)}")
+                emit(f"start {job.key} on {_describe(got, unit)}")
             if not threads:
                 if pending:  # unreachable after validate(); never wait for nothing
                     raise RuntimeError(f"cannot place {pending[0].key} on GPUs {sorted(free)}")
@@ -328,8 +331,8 @@ def _ignore(message: str) -> None:
     pass
 
 
-def _describe(gpus: tuple[int, ...]) -> str:
-    return f"GPUs {','.join(str(g) for g in gpus)}" if gpus else "no GPU"
+def _describe(devices: tuple[int, ...], unit: str) -> str:
+    return f"{unit} {','.join(str(d) for d in devices)}" if devices else f"no {unit}"
 
 
 def _finished(job: Job, seconds: float, outcome: object) -> str:
@@ -338,3 +341,67 @@ def _finished(job: Job, seconds: float, outcome: object) -> str:
     lines = str(outcome).splitlines()
     reason = f"{type(outcome).__name__}: {lines[0]}" if lines else type(outcome).__name__
     return f"failed {job.key} after {seconds:.1f} s: {reason}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase gate: servers side by side on a CPU, each measurement alone
+
+
+class PhaseGate:
+    """Lets phases of servers running side by side share the machine, except measurements: a measurement holds
+    the gate alone (no other server starts, measures or cycles meanwhile, so its tok/s is its own), everything
+    else holds it shared. Waiting measurements go first: a steady stream of startups never starves them.
+    `cancel` (set when the run is interrupted) makes a waiting phase raise Interrupted instead of blocking."""
+
+    def __init__(self, cancel: threading.Event | None = None) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting_exclusive = 0
+        self._cancel = cancel
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            if self._cancel is not None and self._cancel.is_set():
+                raise Interrupted("the run was cancelled while a phase waited for its turn")
+            self._cond.wait(_JOIN_POLL_S)
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._wait(lambda: not self._exclusive and not self._waiting_exclusive)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting_exclusive += 1
+            try:
+                self._wait(lambda: not self._exclusive and not self._shared)
+            finally:
+                self._waiting_exclusive -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class OpenGate(PhaseGate):
+    """No waiting at all: servers that never share a machine's cores (one at a time, or on their own GPUs)."""
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        yield
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        yield

@@ -14,7 +14,15 @@ from specwake.errors import EXIT_PASS, InputError, ResultsUnwritable
 from specwake.hub import availability
 from specwake.junit import write_junit
 from specwake.models import is_builtin
-from specwake.prepare import PreparedVariant, describe, inspect_patches, plan_variant, prepare, require_runnable
+from specwake.prepare import (
+    PreparedVariant,
+    available_cpus,
+    describe,
+    inspect_patches,
+    plan_variant,
+    prepare,
+    require_runnable,
+)
 from specwake.report import render_markdown
 from specwake.results import ScenarioResult, VariantResult
 from specwake.runfolder import (
@@ -42,6 +50,7 @@ class RunRequest:
     output: Path
     cache: Path
     interleave: bool = False
+    sequential: bool = False  # CPU: one server at a time (the default starts them side by side)
     gpus: str | None = None
     junit: Path | None = None
     resume: Path | None = None
@@ -140,15 +149,21 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
             return RunOutcome([], None, "", EXIT_PASS, note)
         scenarios, prepared = [s for s, _ in active], [p for _, p in active]
     on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
+    if on_gpu and gpus is not None:
+        _refuse_invisible_gpus(gpus, _visible_gpus(prepared))
     root, dirs = _run_dirs(request, scenarios, shard)
     events(f"results in {root}")
+    work = [
+        (s, p, d, _kept(previous.get(s.name)), _started(previous.get(s.name)))
+        for s, p, d in zip(scenarios, prepared, dirs, strict=True)
+    ]
+    shard_text = str(shard) if shard else None
     if on_gpu:
         inventory = gpus if gpus is not None else _visible_gpus(prepared)
-        work = [
-            (s, p, d, _kept(previous.get(s.name)), _started(previous.get(s.name)))
-            for s, p, d in zip(scenarios, prepared, dirs, strict=True)
-        ]
-        results = run_packed_scenarios(work, inventory, events, shard=str(shard) if shard else None)
+        results = run_packed_scenarios(work, inventory, events, shard=shard_text)
+    elif not (request.interleave or request.sequential):
+        # Side by side on the CPU's cores: startups overlap, measurements take turns (see runner).
+        results = run_packed_scenarios(work, available_cpus(), events, shard=shard_text, cpu=True)
     else:
         results = []
         for scenario, variants, folder in zip(scenarios, prepared, dirs, strict=True):
@@ -188,6 +203,18 @@ def _refuse_same_names(scenarios: Sequence[Scenario]) -> None:
 
 def _started(previous: ScenarioResult | None) -> str | None:
     return previous.started_at if previous is not None else None
+
+
+def _refuse_invisible_gpus(asked: Sequence[int], visible: Sequence[int]) -> None:
+    """--gpus indices count inside CUDA_VISIBLE_DEVICES, as the engine sees them: refuse one beyond it up front
+    rather than fail each server that would get it."""
+    beyond = sorted(g for g in asked if g not in visible)
+    if beyond:
+        seen = f"indices 0-{len(visible) - 1}" if visible else "none"
+        raise InputError(
+            f"--gpus: GPU {beyond[0]} is not visible to vLLM here ({len(visible)} visible, {seen};"
+            " indices count inside CUDA_VISIBLE_DEVICES)"
+        )
 
 
 def _visible_gpus(prepared: Sequence[Sequence[PreparedVariant]]) -> tuple[int, ...]:

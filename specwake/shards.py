@@ -85,7 +85,7 @@ def _overlap(a: ScenarioResult, b: ScenarioResult) -> bool:
 def _combine(a: ScenarioResult, b: ScenarioResult) -> ScenarioResult:
     order = list((a.scenario.get("settings") or {}).get("variants") or {})
     variants = sorted([*a.variants, *b.variants], key=lambda v: order.index(v.name) if v.name in order else len(order))
-    verdict = decide_verdict([(v.outcome, v.expected) for v in variants if v.outcome != INCOMPLETE])
+    verdict = decide_verdict([(v.outcome, v.matched) for v in variants if v.outcome != INCOMPLETE])
     shards = [s for r in (a, b) for s in (r.scenario.get("shards") or [r.scenario.get("shard")]) if s]
     finished = [t for t in (a.finished_at, b.finished_at) if t]
     return replace(

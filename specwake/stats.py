@@ -15,8 +15,7 @@ Methods, chosen to be honest with the 3–10 samples a stage usually has:
   `resamples` times; percentiles by linear interpolation between order statistics). With fewer than
   MIN_BOOTSTRAP_N samples on a side no interval is given (a bootstrap of one sample has zero width).
   For very small n the bootstrap interval is close to [min(a)/max(b), max(a)/min(b)].
-* `call_change` / `speed_recovered` only call a direction when the whole interval says so;
-  everything else is "inconclusive".
+* `call_change` only calls a direction when the whole interval says so; everything else is "inconclusive".
 """
 
 from __future__ import annotations
@@ -30,8 +29,6 @@ from fractions import Fraction
 
 MIN_BOOTSTRAP_N = 3  # per side; fewer samples give no ratio interval
 DEFAULT_RESAMPLES = 2000
-CHANGES = ("drop", "gain", "same", "inconclusive")
-RECOVERED = ("yes", "no", "inconclusive")
 
 
 @dataclass(frozen=True)
@@ -204,15 +201,48 @@ def call_change(r: Ratio, threshold: float) -> str:
     return "inconclusive"
 
 
-def speed_recovered(fresh: Sequence[float], after: Sequence[float], min_ratio: float = 0.9) -> str:
-    """yes | no | inconclusive: is after/fresh tok/s at least `min_ratio`, judged by its interval."""
-    if not min_ratio > 0.0:
-        raise ValueError(f"min_ratio must be > 0, got {min_ratio}")
-    r = ratio(after, fresh)
-    if r.ci_low is None or r.ci_high is None:
-        return "inconclusive"
-    if r.ci_low >= min_ratio:
-        return "yes"
-    if r.ci_high < min_ratio:
-        return "no"
-    return "inconclusive"
+# Two-sided 95 % critical values of Student's t, df = 1..30; beyond, a Cornish-Fisher expansion of the normal.
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t95(df: int) -> float:
+    """The two-sided 95 % critical value of Student's t with `df` degrees of freedom (df ≥ 1)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be ≥ 1, got {df}")
+    if df <= len(_T95):
+        return _T95[df - 1]
+    z = 1.959963984540054
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+@dataclass(frozen=True)
+class Slope:
+    """Least-squares change of y per unit of x, with a 95 % interval (None below 3 points or without spread in x)."""
+
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n: int
+
+
+def slope(xs: Sequence[float], ys: Sequence[float]) -> Slope:
+    """Ordinary least squares slope of ys on xs and its t interval (residual standard error, n − 2 df)."""
+    points = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True) if math.isfinite(y)]
+    n = len(points)
+    if n < 2:
+        return Slope(None, None, None, n)
+    mean_x = statistics.fmean(x for x, _ in points)
+    mean_y = statistics.fmean(y for _, y in points)
+    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    if sxx == 0:
+        return Slope(None, None, None, n)
+    b = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx
+    if n < 3:
+        return Slope(b, None, None, n)
+    residual = sum((y - mean_y - b * (x - mean_x)) ** 2 for x, y in points) / (n - 2)
+    half = t95(n - 2) * math.sqrt(residual / sxx)
+    return Slope(b, b - half, b + half, n)

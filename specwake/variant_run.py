@@ -8,23 +8,26 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from specwake import diagnose
-from specwake.client import Completion, VllmClient
+from specwake.client import VllmClient
+from specwake.completions import Completer, Completion
 from specwake.crashes import OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
-from specwake.cycle import run_cycle
+from specwake.cycle import push_request, run_cycle
 from specwake.errors import Interrupted, ServerFault, StartupFailed
 from specwake.measure import Workload, run_stage, stage_name
 from specwake.plan import redact_env
 from specwake.prepare import PreparedVariant, plan_variant
 from specwake.results import StageResult, StepResult, VariantResult
 from specwake.scenario import Scenario
+from specwake.schedule import OpenGate, PhaseGate
 from specwake.server import Server, ServerSpec, describe_exit, free_port
-from specwake.verdict import INCOMPLETE, decide_outcome, outcome_matches, speed_rule
+from specwake.verdict import INCOMPLETE, decide_outcome, findings, outcome_matches, speed_rule
 from specwake.weights import restored
 
 Events = Callable[[str], None]
@@ -62,16 +65,21 @@ class VariantRun:
         events: Events,
         *,
         gpus: tuple[int, ...] = (),
+        cores: tuple[int, ...] = (),
+        gate: PhaseGate | None = None,
         clock: Callable[[], float] = time.monotonic,
         cancel: threading.Event | None = None,
     ) -> None:
         self.scenario, self.prep, self.events, self.clock = scenario, prep, events, clock
         self.cancel = cancel  # set when the whole run is being interrupted (packed runs stop servers from outside)
         self.name = prep.variant.name
-        self.gpus = gpus
+        self.gpus, self.cores = gpus, cores
+        self.gate = gate or OpenGate()  # servers side by side on CPU: measurements take turns, alone
         self.log_path = run_dir / "logs" / f"{self.name}.log"
         self._plan_server(port=0)  # the real port is chosen just before launch (see open)
         self.client: VllmClient | None = None
+        self.completer: Completer | None = None
+        self.fresh_completions: list[Completion] = []  # kept to compare tokens and logprobs after each cycle
         self.stages: list[StageResult] = []
         self.steps: list[StepResult] = []
         self.diagnostics: list[dict[str, Any]] = []
@@ -85,6 +93,10 @@ class VariantRun:
         self.completed_phases = 0
         self.timings: dict[str, float] = {}
         self.started = clock()
+
+    @property
+    def _pushing(self) -> bool:
+        return self.scenario.cycle.reload == "push"
 
     @property
     def phases(self) -> int:
@@ -109,12 +121,16 @@ class VariantRun:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def _plan_server(self, port: int) -> None:
-        self.plan = plan_variant(self.scenario, self.prep, port, self.gpus)
+        self.plan = plan_variant(self.scenario, self.prep, port, self.gpus, self.cores)
         timeout = self.scenario.server.startup_timeout_s
         self.server = Server(ServerSpec(self.plan.argv, self.plan.env, port, self.log_path, timeout))
 
     def open(self) -> None:
         """Start the server, wait for /health, check it is ours and imports the right vLLM."""
+        with self.gate.shared():
+            self._open()
+
+    def _open(self) -> None:
         self._plan_server(free_port())  # as late as possible: a port picked early may be taken meanwhile
         self.events(f"{self.name}: starting server on 127.0.0.1:{self.plan.port} (log {self.log_path})")
         t0 = self.started = self.clock()
@@ -124,6 +140,8 @@ class VariantRun:
         except StartupFailed as exc:
             self._timed("startup", self.clock() - t0)
             self.server.stop()
+            if self.cancel is not None and self.cancel.is_set():  # stopped from outside: the run is interrupted
+                raise Interrupted(f"{self.name}: interrupted while starting") from None
             evidence = classify(
                 fault_class=STARTUP_FAILED,
                 log_text=exc.log_tail,
@@ -136,7 +154,8 @@ class VariantRun:
             return
         self._timed("startup", self.clock() - t0)
         self.events(f"{self.name}: server ready after {self.clock() - t0:.1f} s")
-        self.client = VllmClient(httpx.Client(base_url=self.server.base_url, trust_env=False))
+        http = httpx.Client(base_url=self.server.base_url, trust_env=False)
+        self.client, self.completer = VllmClient(http), Completer(http)
         try:
             self._verify(self.client)
         except ServerFault as fault:
@@ -174,12 +193,15 @@ class VariantRun:
             return
         try:
             if index == 0:
-                self._stage(self.client, 0)
+                with self.gate.exclusive():
+                    self._stage(self.client, 0)
                 self._diagnose(self.client, 0, "after fresh")
             else:
-                self._cycle(self.client, index)
+                with self.gate.shared():
+                    self._cycle(self.client, index)
                 if not self.finished:
-                    self._stage(self.client, index)
+                    with self.gate.exclusive():
+                        self._stage(self.client, index)
         except ServerFault as fault:
             self._crash(fault)
         self.completed_phases = index + 1
@@ -190,7 +212,7 @@ class VariantRun:
             self.prep.model, self.scenario.prompts, w.max_tokens, w.repeats, w.warmup, w.temperature,
             w.ignore_eos, w.request_timeout_s,
         )  # fmt: skip
-        label = stage_name(cycle, self.scenario.cycle.level)
+        label = stage_name(cycle, self.prep.variant.level)
         self.phase = label
         self.events(f"{self.name}: stage {label}")
         fresh = self.stages[0] if cycle > 0 and self.stages else None
@@ -201,7 +223,13 @@ class VariantRun:
             done.append(completion.tok_s)
             self.events(f"{self.name}: {label}: request {len(done)}/{w.repeats}: {completion.tok_s:.1f} tok/s")
 
-        result = run_stage(client, workload, name=label, cycle=cycle, fresh=fresh, on_request=on_request)
+        assert self.completer is not None
+        result, completions = run_stage(
+            client, self.completer, workload, name=label, cycle=cycle, fresh=fresh,
+            fresh_completions=self.fresh_completions, on_request=on_request,
+        )  # fmt: skip
+        if cycle == 0:
+            self.fresh_completions = completions
         self._timed("measurement", self.clock() - t0)
         self.stages.append(result)
         al = "–" if result.acceptance_length is None else f"{result.acceptance_length:.2f}"
@@ -215,7 +243,8 @@ class VariantRun:
         self._timed("diagnostics", self.clock() - t0)
 
     def _cycle(self, client: VllmClient, k: int) -> None:
-        level = self.scenario.cycle.level
+        level, variant = self.prep.variant.level, self.prep.variant
+        push = push_request(variant.push_to, dict(variant.push_scale)) if self._pushing else None
         self.phase = f"L{level} cycle #{k}"
         self.events(f"{self.name}: L{level} cycle #{k}")
         self._diagnose(client, k, "before sleep")
@@ -233,6 +262,7 @@ class VariantRun:
             emulate_discard=self.prep.l2_discard == "emulated",
             step_timeout_s=self.scenario.cycle.step_timeout_s,
             fill=self.scenario.cycle.discard_fill,
+            push=push,
             on_step=after_step,
             host_rss=self.server.rss_bytes,
         )
@@ -278,10 +308,11 @@ class VariantRun:
                 target_restored=restored(self.diagnostics, "target"),
                 speed=speed_rule(self.scenario.min_speedup_recovery, self.prep.l2_discard),
                 speculative=self.prep.variant.speculative,
+                perturbed=self._pushing and bool(self.prep.variant.push_scale),
             )
         prep, variant = self.prep, self.prep.variant
         workers = self.info.get("workers") or []
-        return VariantResult(
+        result = VariantResult(
             name=self.name,
             outcome=outcome,
             expected=variant.expected,
@@ -307,10 +338,16 @@ class VariantRun:
                 **self.info,
                 "entrypoint": prep.engine.entrypoint,
                 "gpus": list(self.plan.gpus),  # visible indices, as --gpus takes them
+                "cores": list(self.cores),  # CPU cores its worker was bound to, when servers ran side by side
                 "devices": self.plan.env_added.get("CUDA_VISIBLE_DEVICES"),  # what the server was given
                 "crash_lines": list(self.crash_lines),
                 "timings": self.timings,
             },
             seconds=round(self.clock() - self.started, 2),
             diagnostics=list(self.diagnostics),
+            push={"to": list(variant.push_to), "scale": dict(variant.push_scale)} if self._pushing else None,
         )
+        if outcome == INCOMPLETE:
+            return result
+        found = findings(result, self.scenario.limits)
+        return replace(result, findings=found, matched=result.matched and not found)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from specwake.crashes import ERROR_CLASSES
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
-from specwake.results import ScenarioResult, StageResult, VariantResult
+from specwake.results import ScenarioResult, StageResult, StepResult, VariantResult
 from specwake.speed import SpeedCall, speed_call
 from specwake.weights import weights_line
 
@@ -110,9 +110,11 @@ def decide_outcome(
     speed: SpeedRule | None = None,
     collapse_al: float = COLLAPSE_AL,
     speculative: bool = True,
+    perturbed: bool = False,
 ) -> str:
     """The outcome of one variant; the first rule that applies wins. A variant run without speculation (the
-    no-speculation floor) ends as `floor` unless it failed or its target was not restored.
+    no-speculation floor) ends as `floor` unless it failed or its target was not restored. A perturbed push
+    (`perturbed`) must change the output: it is `degraded` when it did not, and never `corrupt` for changing it.
 
     error (`failure` is a class meaning the variant was never measured: startup_failed, port_conflict, ...) →
     crash (any other failure, whatever was measured before) → corrupt (a post-cycle stage's completions differ
@@ -124,7 +126,10 @@ def decide_outcome(
     _check_tolerance(tolerance)
     if failure is not None:
         return "error" if failure in ERROR_CLASSES else "crash"
-    if _diverged(stages) is not None or target_restored is False:
+    if perturbed:
+        if _diverged(stages) is None:
+            return "degraded"
+    elif _diverged(stages) is not None or target_restored is False:
         return "corrupt"
     if not speculative:
         return "floor"
@@ -153,16 +158,80 @@ def outcome_matches(outcome: str, expected: str) -> bool:
     return expected == "any" or outcome == expected
 
 
-def decide_verdict(pairs: Sequence[tuple[str, str]]) -> str:
-    """A scenario's verdict from its (outcome, expected) pairs: pass | fail | error."""
-    if not pairs:
+def decide_verdict(variants: Sequence[tuple[str, bool]]) -> str:
+    """A scenario's verdict from its variants' (outcome, matched) — matched: the outcome meets its expectation
+    and the variant has no findings: pass | fail | error."""
+    if not variants:
         return "error"
-    failed = any(o != "error" and not outcome_matches(o, e) for o, e in pairs)
-    if failed:
+    if any(outcome != "error" and not matched for outcome, matched in variants):
         return "fail"
-    if any(o == "error" for o, _ in pairs):
+    if any(outcome == "error" for outcome, _ in variants):
         return "error"
     return "pass"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """[expect] bounds beyond the outcome; each None when the scenario sets none."""
+
+    max_logprob_drift: float | None = None  # largest |Δ logprob| against fresh after a cycle
+    max_rss_growth_mb: float | None = None  # host RSS after the last cycle's wake minus after the first's
+    max_wake_s: float | None = None  # the slowest cycle's wake: wake steps and reload, in seconds
+
+
+WAKE_STEPS = ("wake_weights", "reload_weights", "push", "wake_kv_cache", "wake_up")
+MIB = 1024 * 1024
+
+
+def wake_seconds(steps: Sequence[StepResult]) -> dict[int, float]:
+    """Cycle → seconds from the first wake step to the end of the wake (sleep and discard excluded)."""
+    per_cycle: dict[int, float] = {}
+    for step in steps:
+        if step.name in WAKE_STEPS and step.ok:
+            per_cycle[step.cycle] = per_cycle.get(step.cycle, 0.0) + step.seconds
+    return per_cycle
+
+
+def rss_after_wake(steps: Sequence[StepResult]) -> dict[int, int]:
+    """Cycle → host RSS of the server group after the cycle's last step."""
+    rss: dict[int, int] = {}
+    for step in steps:
+        if step.rss_bytes is not None:
+            rss[step.cycle] = step.rss_bytes
+    return rss
+
+
+def findings(variant: VariantResult, limits: Limits) -> list[str]:
+    """What is wrong beyond the outcome, each a line naming the stage or cycle: a prefix cache that served tokens
+    right after a wake (its hashes outlived the discard), and [expect] limits exceeded."""
+    found = []
+    for stage in _post(variant.stages):
+        if stage.prefix_cached:
+            found.append(
+                f"stale prefix cache: {stage.name} served {stage.prefix_cached} prompt tokens from cache right after"
+                " the wake, which should have emptied it"
+            )
+            break
+    drifts = [(s.max_logprob_drift, s.name) for s in _post(variant.stages) if s.max_logprob_drift is not None]
+    if limits.max_logprob_drift is not None and drifts:
+        worst, where = max(drifts)
+        if worst > limits.max_logprob_drift:
+            found.append(f"logprobs drift by {worst:.3g} at {where} > max_logprob_drift {limits.max_logprob_drift:g}")
+    rss = rss_after_wake(variant.steps)
+    if limits.max_rss_growth_mb is not None and len(rss) >= 2:
+        first, last = rss[min(rss)], rss[max(rss)]
+        growth = (last - first) / MIB
+        if growth > limits.max_rss_growth_mb:
+            found.append(
+                f"host RSS grew {growth:.0f} MiB from cycle {min(rss)} to {max(rss)} > max_rss_growth_mb "
+                f"{limits.max_rss_growth_mb:g}"
+            )
+    wakes = wake_seconds(variant.steps)
+    if limits.max_wake_s is not None and wakes:
+        cycle, seconds = max(wakes.items(), key=lambda item: item[1])
+        if seconds > limits.max_wake_s:
+            found.append(f"wake of cycle {cycle} took {seconds:.2f} s > max_wake_s {limits.max_wake_s:g}")
+    return found
 
 
 def exit_code(verdicts: Sequence[str]) -> int:
@@ -239,6 +308,7 @@ def _why_measured(stages: Sequence[StageResult], tolerance: float, collapse_al: 
     """The reason for recover/degraded, read from the stages."""
     fresh = _fresh(stages)
     post = _post(stages)
+
     if not stages or all(s.num_drafts == 0 for s in stages):
         return "no drafts were made in any stage"
     if fresh is None or fresh.acceptance_length is None:
@@ -279,4 +349,9 @@ def explain(variant: VariantResult, tolerance: float, *, collapse_al: float = CO
         return "no speculation: the decode speed a collapsed drafter falls to"
     if variant.outcome == "corrupt":
         return f"the target was not restored: {_why_corrupt(variant)}; {_al_chain(stages)}"
+    if (variant.push or {}).get("scale"):
+        if _diverged(stages) is None:
+            return f"{_al_chain(stages)} (the perturbed push left the output unchanged: the new weights did not arrive)"
+        why = _why_measured(stages, tolerance, collapse_al)
+        return f"{_al_chain(stages)} ({why}; the output changed, as the perturbed push intends)"
     return f"{_al_chain(stages)} ({_why_measured(stages, tolerance, collapse_al)})"

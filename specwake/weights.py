@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 GIB = 1024**3
-RESTORE_POINT = "after reload_weights"
+RESTORE_POINTS = ("after reload_weights", "after push")  # where weights should be back
 ROLES = ("target", "draft")
 
 
@@ -48,10 +48,11 @@ def _rank_text(part: dict[str, Any]) -> tuple[str, str]:
     return count, "; ".join(notes)
 
 
-def weights_line(diagnostics: Sequence[dict[str, Any]], role: str, point: str = RESTORE_POINT) -> str | None:
+def weights_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None:
     """`draft: 6/11 tensors differ from fresh after reload_weights (…)` from the first cycle; per rank when
     ranks differ; None when no fingerprint was taken there."""
-    entry = _at(diagnostics, point)
+    entry = next((e for e in diagnostics if e.get("point") in RESTORE_POINTS), None)
+    point = str(entry.get("point")) if entry is not None else ""
     if entry is None or not entry.get("fingerprints"):
         return None
     parts = [_role(fp, role) for fp in entry["fingerprints"]]
@@ -70,7 +71,7 @@ def restored(diagnostics: Sequence[dict[str, Any]], role: str) -> bool | None:
     """Whether every rank's `role` matched its fresh checksums after every reload_weights; None if unknown."""
     seen = False
     for entry in diagnostics:
-        if entry.get("point") != RESTORE_POINT:
+        if entry.get("point") not in RESTORE_POINTS:
             continue
         for fp in entry.get("fingerprints") or []:
             part = _role(fp, role)

@@ -6,12 +6,12 @@ Endpoints (as vLLM 0.32 with VLLM_SERVER_DEV_MODE=1): GET /health, /v1/models, /
 /is_sleeping; POST /v1/completions, /sleep?level=N, /wake_up?tags=..., /collective_rpc,
 /reset_prefix_cache.
 
-Acceptance model: every completion of N tokens is decoded in D = round(N / AL) draft steps of K
-draft tokens each (AL clamped to [1, K+1]); the spec-decode counters advance accordingly, spread
-over --engines engines. AL is --al-fresh until the weights are discarded (sleep level 2 or the
-collective_rpc method specwake_emulate_discard), --al-after from then on. The target is "zeroed"
-from the discard until reload_weights: completions then return garbage ("!!!!"), as a model with
-zero weights would. While asleep (until every tag is woken) completions answer 503.
+Counters, completions (streamed when asked, with logprobs and usage) and the prefix cache follow tests/vllm_model.py:
+every completion of N tokens is decoded in D = round(N / AL) draft steps of K draft tokens each, one streamed chunk
+per step after --step-delay seconds. AL is --al-fresh until the weights are discarded (sleep level 2 or the
+collective_rpc method specwake_emulate_discard), --al-after from then on. The target is "zeroed" from the discard
+until reload_weights: completions then return garbage ("!"), as a model with zero weights would. While asleep
+(until every tag is woken) completions answer 503.
 
 Modes:
   ready            (default) answer normally
@@ -38,7 +38,6 @@ families), --reset-counters-at N (every counter restarts from 0 at the N-th comp
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
@@ -49,6 +48,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from vllm_model import DONE, ServerModel, chunk_event, usage  # a sibling: tests/ is on sys.path when this runs
 
 MODES = (
     "ready",
@@ -71,83 +72,34 @@ TAGS = ("weights", "kv_cache")
 
 
 class State:
-    """Everything the fake engine remembers; guarded by one lock."""
+    """Everything the fake engine remembers; guarded by one lock. Counters, completions and the prefix cache are
+    tests/vllm_model.py's, shared with the in-process mock."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.lock = threading.Lock()
         self.asleep: set[str] = set()
-        self.discarded = False  # weights were discarded at least once
-        self.target_zeroed = False  # discarded and not reloaded since
-        self.requests = 0
         self.engine_dead = False
         self.completions = 0  # completion requests received, for --fault completion:N
-        self.reset_counters()
-
-    def reset_counters(self) -> None:
-        self.created = time.time()
-        zero = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "generation": 0}
-        self.counters = [dict(zero) for _ in range(self.args.engines)]
-        self.per_pos = [[0] * self.args.k for _ in range(self.args.engines)]
-
-    def acceptance_length(self) -> float:
-        al = self.args.al_after if self.discarded else self.args.al_fresh
-        return min(max(al, 1.0), self.args.k + 1.0)
-
-    def record(self, tokens: int) -> int:
-        """Advance the counters for one completion; return the number of draft steps."""
-        engine = self.requests % self.args.engines
-        self.requests += 1
-        drafts = max(1, round(tokens / self.acceptance_length()))
-        accepted = min(max(0, tokens - drafts), drafts * self.args.k)
-        c = self.counters[engine]
-        c["drafts"] += drafts
-        c["draft_tokens"] += drafts * self.args.k
-        c["accepted"] += accepted
-        c["generation"] += tokens
-        base, extra = divmod(accepted, drafts)  # each draft accepts a prefix of its K tokens
-        for pos in range(self.args.k):
-            self.per_pos[engine][pos] += drafts if pos < base else extra if pos == base else 0
-        return drafts
+        self.vllm = ServerModel(
+            model=args.model,
+            k=args.k,
+            engines=args.engines,
+            al_fresh=args.al_fresh,
+            al_after=args.al_after,
+            prefix_cache=not args.no_prefix_cache,
+            stale_prefix_cache=args.stale_prefix_cache,
+        )
 
 
-def completion_text(prompt: str, tokens: int, garbage: bool) -> str:
-    if garbage:
-        return "!" * tokens
-    seed = int(hashlib.sha256(prompt.encode()).hexdigest()[:8], 16)
-    return "".join(f" w{(seed + i * 7) % 97}" for i in range(tokens))
-
-
-def metrics_text(state: State) -> str:
-    model = state.args.model
-    out: list[str] = []
-    series = [
-        ("vllm:spec_decode_num_drafts", "drafts"),
-        ("vllm:spec_decode_num_draft_tokens", "draft_tokens"),
-        ("vllm:spec_decode_num_accepted_tokens", "accepted"),
-        ("vllm:generation_tokens", "generation"),
-    ]
-    if state.args.no_spec_metrics:
-        series = series[-1:]
-    for name, key in series:
-        out += [f"# HELP {name} Fake counter {key}.", f"# TYPE {name} counter"]
-        for e, c in enumerate(state.counters):
-            labels = f'engine="{e}",model_name="{model}"'
-            out.append(f"{name}_total{{{labels}}} {float(c[key])}")
-            out.append(f"{name}_created{{{labels}}} {state.created}")
-    name = "vllm:spec_decode_num_accepted_tokens_per_pos"
-    if state.args.no_spec_metrics:
-        return "\n".join(out) + "\n"
-    out += [f"# HELP {name} Fake per-position counter.", f"# TYPE {name} counter"]
-    for e, counts in enumerate(state.per_pos):
-        for pos, value in enumerate(counts):
-            labels = f'engine="{e}",model_name="{model}",position="{pos}"'
-            out.append(f"{name}_total{{{labels}}} {float(value)}")
-    return "\n".join(out) + "\n"
-
-
-def fingerprint(count: int, zeroed: bool, checksum: float) -> dict[str, object]:
-    return {"count": count, "all_zero": zeroed, "on_meta": 0, "checksum": 0.0 if zeroed else checksum}
+def fingerprint(tensors: int, differ: bool) -> dict[str, object]:
+    """The worker extension's answer shape (specwake/worker/extension.py), compared with fresh."""
+    changed = tensors if differ else 0
+    return {
+        "present": True, "class": "Fake", "tensors": tensors, "numel": tensors * 8, "all_zero": changed,
+        "on_meta": 0, "empty": 0, "shared_with_target": 0, "nonfinite": 0, "packed": 0, "packed_discarded": 0,
+        "abs_sum": 0.0 if differ else 12.5, "compared": tensors, "differ": changed, "differ_names": [],
+    }  # fmt: skip
 
 
 def parse_fault(text: str) -> tuple[str, str]:
@@ -180,11 +132,11 @@ def rpc_result(state: State, method: str) -> object:
             print("CUDA error: an illegal memory access was encountered", file=sys.stderr)
             sys.stderr.flush()
             os._exit(1)
-        state.target_zeroed = False
+        state.vllm.reload()
         return None
     if method == "specwake_emulate_discard":
-        state.discarded = state.target_zeroed = True
-        return {"zeroed": {"target": 2, "draft": 1}, "shared_skipped": 0}
+        state.vllm.discard()
+        return {"filled_tensors": 3, "skipped_tensors": 0, "draft_present": True}
     if method == "specwake_info":
         spec = importlib.util.find_spec("vllm")
         vllm_file = spec.origin if spec and spec.origin else "/fake/site-packages/vllm/__init__.py"
@@ -199,8 +151,8 @@ def rpc_result(state: State, method: str) -> object:
     if method == "specwake_memory":
         return {"device": "cpu", "free_bytes": None, "total_bytes": None}
     if method == "specwake_fingerprint":
-        draft_zero = state.discarded and state.args.al_after <= 1.0
-        return {"target": fingerprint(2, state.target_zeroed, 12.5), "draft": fingerprint(1, draft_zero, 3.25)}
+        draft_lost = state.vllm.discarded and state.args.al_after <= 1.0
+        return {"target": fingerprint(2, state.vllm.target_zeroed), "draft": fingerprint(1, draft_lost)}
     raise AttributeError(f"'FakeWorker' object has no attribute '{method}'")
 
 
@@ -240,7 +192,7 @@ class Handler(BaseHTTPRequestHandler):
             )
         elif path == "/metrics":
             with state.lock:
-                self.reply(200, text=metrics_text(state))
+                self.reply(200, text=state.vllm.metrics_text(spec_metrics=not state.args.no_spec_metrics))
         elif path == "/is_sleeping":
             with state.lock:
                 self.reply(200, {"is_sleeping": bool(state.asleep)})
@@ -264,7 +216,7 @@ class Handler(BaseHTTPRequestHandler):
             with state.lock:
                 state.asleep = set(TAGS)
                 if level == 2:
-                    state.discarded = state.target_zeroed = True
+                    state.vllm.discard()
             self.reply(200, {"status": "sleeping", "level": level})
         elif url.path == "/wake_up":
             if state.args.mode == "oom-on-wake" and "kv_cache" in query.get("tags", TAGS):
@@ -280,7 +232,9 @@ class Handler(BaseHTTPRequestHandler):
                 state.asleep -= set(query.get("tags", TAGS))
             self.reply(200)
         elif url.path == "/reset_prefix_cache":
-            self.reply(200, {"success": True})  # vLLM 0.32 / 0.33: HTTP 200 either way, the body tells
+            with state.lock:
+                success = state.vllm.reset_prefix_cache()
+            self.reply(200, {"success": success})  # vLLM 0.32 / 0.33: HTTP 200 either way, the body tells
         else:
             self.reply(404, {"detail": "Not Found"})
 
@@ -304,14 +258,14 @@ class Handler(BaseHTTPRequestHandler):
             state.completions += 1
             number = state.completions
             if number == state.args.reset_counters_at:
-                state.reset_counters()
+                state.vllm.reset_counters()
         fire_faults(state.args.fault, f"completion:{number}")
         with state.lock:
             if state.asleep:
                 self.reply(503, {"error": {"message": "engine is sleeping"}})
                 return
-            hang = state.args.mode == "hang-on-request" and state.discarded
-            if state.args.mode == "engine-dead-after-discard" and state.discarded and not state.engine_dead:
+            hang = state.args.mode == "hang-on-request" and state.vllm.discarded
+            if state.args.mode == "engine-dead-after-discard" and state.vllm.discarded and not state.engine_dead:
                 state.engine_dead = True
                 print(
                     "(EngineCore pid=1) ERROR [multiproc_executor.py:316] Worker proc VllmWorker-0 died "
@@ -330,27 +284,25 @@ class Handler(BaseHTTPRequestHandler):
         tokens = int(req.get("max_tokens") or 16)
         prompt = str(req.get("prompt", ""))
         with state.lock:
-            drafts = state.record(tokens)
-            text = completion_text(prompt, tokens, state.target_zeroed)
-            al = state.acceptance_length()
-        time.sleep(drafts * state.args.step_delay)
+            steps, cached = state.vllm.complete(prompt, tokens)
+            al = state.vllm.acceptance_length()
         print(f"INFO: SpecDecoding metrics: Mean acceptance length: {al:.2f}", flush=True)
-        n = len(prompt.split())
-        self.reply(
-            200,
-            {
-                "id": f"cmpl-fake-{state.requests}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": state.args.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
-                "usage": {
-                    "prompt_tokens": n,
-                    "completion_tokens": tokens,
-                    "total_tokens": n + tokens,
-                },
-            },
-        )
+        request_id = f"cmpl-fake-{state.vllm.requests}"
+        if req.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for step in steps:
+                time.sleep(state.args.step_delay)  # one decode step: its tokens arrive together
+                self.wfile.write(chunk_event(state.args.model, request_id, step))
+                self.wfile.flush()
+            self.wfile.write(chunk_event(state.args.model, request_id, None, usage(prompt, tokens, cached)) + DONE)
+            return
+        time.sleep(len(steps) * state.args.step_delay)
+        text = "".join(token for step in steps for token, _ in step)
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+        body = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.args.model}
+        self.reply(200, body | {"choices": [choice], "usage": usage(prompt, tokens, cached)})
 
 
 def spawn_child(ignore_sigterm: bool) -> subprocess.Popen[bytes]:
@@ -383,6 +335,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fault", type=parse_fault, action="append", default=[], help="WHEN:ACTION")
     p.add_argument("--no-spec-metrics", action="store_true")
     p.add_argument("--reset-counters-at", type=int, default=0, help="N-th completion")
+    p.add_argument("--no-prefix-cache", action="store_true", help="never report cached prompt tokens")
+    p.add_argument("--stale-prefix-cache", action="store_true", help="/reset_prefix_cache keeps the hashes")
     return p.parse_args(argv)
 
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from specwake.client import VllmClient
+from specwake.completions import Completer
 from specwake.crashes import (
     CRASH_CLASSES,
     ENGINE_DEATH,
@@ -393,10 +394,12 @@ def test_fake_engine_death_is_engine_dead(tmp_path: Path) -> None:
     with server:
         step, fault = cycle_fault(server)
         assert fault is None and step == "reset_prefix_cache"
-        client = VllmClient(httpx.Client(base_url=server.base_url, trust_env=False))
+        http = httpx.Client(base_url=server.base_url, trust_env=False)
         with pytest.raises(ServerFault) as info:
-            client.complete(model="tiny", prompt="hi", max_tokens=4, temperature=0, ignore_eos=True, timeout=10)
-        assert not client.healthy()
+            Completer(http).complete(
+                model="tiny", prompt="hi", max_tokens=4, temperature=0, ignore_eos=True, timeout=10
+            )
+        assert not VllmClient(http).healthy()
     crash = classify(
         fault_class=info.value.crash_class,
         log_text=server.spec.log_path.read_text(),  # read after the stop, as a runner may

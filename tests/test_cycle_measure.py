@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from specwake.client import VllmClient
-from specwake.cycle import cycle_steps, run_cycle
+from specwake.completions import Completer, Completion
+from specwake.cycle import cycle_steps, push_request, run_cycle
 from specwake.errors import RequestFailed, RequestTimeout
-from specwake.measure import Workload, run_stage, stage_name
-
-from .mock_vllm import MockVllm
+from specwake.measure import Workload, drift, run_stage, stage_name
+from tests.mock_vllm import MockVllm
 
 WORKLOAD = Workload(
     "m",
@@ -44,7 +46,7 @@ def test_l2_sequence_order_and_statuses() -> None:
         "/reset_prefix_cache",
     ]
     assert all(s.ok and s.status == 200 and s.cycle == 1 and s.seconds >= 0 for s in steps)
-    assert steps[1].response == {"results": [{"zeroed": 10}]}
+    assert steps[1].response == {"results": [{"filled_tensors": 10}]}
 
 
 def test_native_discard_and_level_1() -> None:
@@ -81,46 +83,100 @@ def test_step_timeout_is_its_own_fault() -> None:
     assert steps[-1].status is None and "within 3 s" in (steps[-1].error or "")
 
 
-def test_stage_measures_al_from_counter_deltas_excluding_warmup() -> None:
-    server = MockVllm(k=3)
-    client = VllmClient(server.client())
-    fresh = run_stage(client, WORKLOAD, name="fresh", cycle=0)
-    # 8 tokens per request with K=3 all accepted: 2 drafts each, 6 accepted — warmup not counted.
-    assert fresh.num_drafts == 3 * 2 and fresh.num_accepted_tokens == 3 * 6 and fresh.num_draft_tokens == 18
-    assert fresh.acceptance_length == pytest.approx(1 + 18 / 6)
-    assert fresh.per_position == [1.0, 1.0, 1.0]
-    assert fresh.outputs == ["echo:alp", "echo:bet", "echo:alp"]
-    assert fresh.outputs_match_fresh is None and len(fresh.tok_s) == 3 and fresh.tok_s_median is not None
+def stage(server: MockVllm, cycle: int = 0, fresh=None, **kw):  # noqa: ANN001, ANN201
+    """Measure one stage on `server`; `fresh`: the (result, completions) of its fresh stage."""
+    http = server.client()
+    result, completions = run_stage(
+        VllmClient(http), Completer(http), WORKLOAD, name=stage_name(cycle), cycle=cycle,
+        fresh=fresh[0] if fresh else None, fresh_completions=fresh[1] if fresh else (), **kw,
+    )  # fmt: skip
+    return result, completions
 
-    run_cycle(client, 1, level=2, emulate_discard=True, step_timeout_s=5)
-    after = run_stage(client, WORKLOAD, name=stage_name(1), cycle=1, fresh=fresh)
+
+def test_stage_measures_al_from_counter_deltas_excluding_warmup_and_probes() -> None:
+    server = MockVllm(k=3)
+    fresh = stage(server)
+    result = fresh[0]
+    # 8 tokens per request with K=3 all accepted: 2 drafts each, 6 accepted — warmup and probes not counted.
+    assert result.num_drafts == 3 * 2 and result.num_accepted_tokens == 3 * 6 and result.num_draft_tokens == 18
+    assert result.acceptance_length == pytest.approx(1 + 18 / 6)
+    assert result.per_position == [1.0, 1.0, 1.0]
+    assert len(result.outputs) == 3 and result.outputs[0] == result.outputs[2] != result.outputs[1]
+    assert result.outputs_match_fresh is None and len(result.tok_s) == 3 and result.tok_s_median is not None
+    assert len(result.ttft) == len(result.tpot) == 3 and all(t is not None for t in result.tpot)
+
+    run_cycle(VllmClient(server.client()), 1, level=2, emulate_discard=True, step_timeout_s=5)
+    after = stage(server, 1, fresh)[0]
     assert after.name == "after L2 #1"
     assert after.acceptance_length == pytest.approx(1.0) and after.num_accepted_tokens == 0
     assert after.per_position == [0.0, 0.0, 0.0]
-    assert after.outputs_match_fresh is True
+    assert after.outputs_match_fresh is True  # reload_weights restored the target
+    assert after.first_difference is None and after.max_logprob_drift == 0.0 and after.logprobs_over_tolerance == 0
+    assert after.logprobs_compared == 3 * 8
 
 
 def test_patched_reload_recovers() -> None:
     server = MockVllm(reload_restores_draft=True)
-    client = VllmClient(server.client())
-    fresh = run_stage(client, WORKLOAD, name="fresh", cycle=0)
-    run_cycle(client, 1, level=2, emulate_discard=True, step_timeout_s=5)
-    after = run_stage(client, WORKLOAD, name="after L2 #1", cycle=1, fresh=fresh)
-    assert after.acceptance_length == fresh.acceptance_length
+    fresh = stage(server)
+    run_cycle(VllmClient(server.client()), 1, level=2, emulate_discard=True, step_timeout_s=5)
+    assert stage(server, 1, fresh)[0].acceptance_length == fresh[0].acceptance_length
+
+
+def test_a_target_left_discarded_shows_where_tokens_diverge() -> None:
+    server = MockVllm()
+    fresh = stage(server)
+    server.model.discard()  # and no reload: the target answers garbage
+    after = stage(server, 1, fresh)[0]
+    assert after.outputs_match_fresh is False and after.first_difference == [0, 0]
+    assert after.logprobs_compared == 0  # nothing shared to compare logprobs on
+
+
+def test_logprob_drift_with_identical_text_is_measured() -> None:
+    fresh = [Completion("ab", 2, 1.0, 0.1, ("a", "b"), (-0.5, -0.25))]
+    same_text = [Completion("ab", 2, 1.0, 0.1, ("a", "b"), (-0.5, -0.2))]
+    d = drift(fresh, same_text)
+    assert d.first_difference is None and d.max_logprob_drift == pytest.approx(0.05) and d.over_tolerance == 1
+    shorter = [Completion("a", 1, 1.0, 0.1, ("a",), (-0.5,))]
+    assert drift(fresh, shorter).first_difference == (0, 1)
+
+
+def test_prefix_probe_sees_an_empty_cache_after_a_wake_and_a_stale_one_when_hashes_survive() -> None:
+    healthy, stale = MockVllm(), MockVllm(stale_prefix_cache=True)
+    for server in (healthy, stale):
+        fresh = stage(server)[0]
+        assert fresh.prefix_cached == 0 and (fresh.prefix_cached_repeat or 0) > 0  # the cache works at all
+        run_cycle(VllmClient(server.client()), 1, level=2, emulate_discard=True, step_timeout_s=5)
+    assert stage(healthy, 1)[0].prefix_cached == 0
+    assert (stage(stale, 1)[0].prefix_cached or 0) > 0  # served from a cache the wake should have emptied
+
+
+def test_ttft_and_tpot_of_a_completion() -> None:
+    c = Completion("abc", 5, seconds=1.0, ttft=0.2)
+    assert c.tpot == pytest.approx(0.2) and c.tok_s == 5.0
+    assert Completion("a", 1, 1.0, 0.2).tpot is None and Completion("a", 3, 1.0).tpot is None
 
 
 def test_stage_waits_for_late_counters() -> None:
     server = MockVllm()
-    client = VllmClient(server.client())
-    server.lag_metrics = 0
-    client.metrics_text()  # prime the stale copy
+    VllmClient(server.client()).metrics_text()  # prime the stale copy
     server.lag_metrics = 2  # the first two scrapes after the requests still show old counters
     naps: list[float] = []
-    stage = run_stage(client, WORKLOAD, name="fresh", cycle=0, sleep=naps.append)
-    assert stage.num_drafts == 6 and naps  # it waited instead of reporting zero drafts
+    result = stage(server, sleep=naps.append)[0]
+    assert result.num_drafts == 6 and naps  # it waited instead of reporting zero drafts
 
 
 def test_request_failure_propagates() -> None:
     server = MockVllm(fail={"/v1/completions": 503})
     with pytest.raises(RequestFailed, match="HTTP 503"):
-        run_stage(VllmClient(server.client()), WORKLOAD, name="fresh", cycle=0)
+        stage(server)
+
+
+def test_a_push_replaces_reload_weights_at_either_level() -> None:
+    request = push_request(["target", "draft"], {"model.x.weight": 2.0})
+    assert json.loads(request) == {"to": ["target", "draft"], "scale": {"model.x.weight": 2.0}}
+    l2 = cycle_steps(2, emulate_discard=True, push=request)
+    assert [s.name for s in l2] == ["sleep", "discard", "wake_weights", "push", "wake_kv_cache", "reset_prefix_cache"]
+    assert l2[3].rpc == "specwake_push" and l2[3].rpc_kwargs == (("request", request),)
+    l1 = cycle_steps(1, emulate_discard=True, push=request)  # L1 keeps its weights: nothing to discard
+    assert [s.name for s in l1] == ["sleep", "wake_weights", "push", "wake_kv_cache", "reset_prefix_cache"]
+    assert l1[0].params == (("level", "1"),)

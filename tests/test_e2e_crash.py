@@ -1,9 +1,9 @@
-"""End to end on real vLLM CPU: a patched vLLM whose reload_weights raises must be reported as a crash.
+"""End to end on real vLLM CPU: broken reload_weights must be named for what they are.
 
-Runs `specwake run tests/data/crash-cpu.toml` through the CLI once per module: the baseline is still
-measured (it collapses), the patched variant's reload_weights step fails (outcome crash, class
-step_failed) and both expectations are met. Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM
-is unset.
+Runs `specwake run tests/data/crash-cpu.toml` through the CLI once per module: the baseline is still measured (it
+collapses); the patched variant's reload_weights raises (outcome crash, class step_failed); the skiptarget
+variant's reload_weights skips the target (outcome corrupt: wrong text, the target's weights unlike fresh). Every
+expectation is met. Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
 from __future__ import annotations
@@ -69,3 +69,19 @@ def test_baseline_still_measured_and_collapses(run: dict[str, Any]) -> None:
 def test_report_names_the_crash(run: dict[str, Any]) -> None:
     report = (run["dir"] / "report.md").read_text()
     assert "crash" in report and "collapse" in report
+    assert "First error the server announced: `RuntimeError: specwake test: reload_weights failed on purpose`" in report
+
+
+def test_a_reload_that_skips_the_target_is_corrupt_not_collapse(run: dict[str, Any]) -> None:
+    skipped = variant(run, "skiptarget")
+    assert skipped["outcome"] == "corrupt" and skipped["matched"] is True
+    fresh, after = skipped["stages"]
+    assert after["outputs_match_fresh"] is False
+    restore = [d for d in skipped["diagnostics"] if d["point"] == "after reload_weights"]
+    target = restore[0]["fingerprints"][0]["target"]
+    assert target["differ"] == target["compared"] > 0 and target["packed_discarded"] > 0
+    assert restore[0]["fingerprints"][0]["draft"]["differ"] == 0  # the drafter it reloaded instead is fine
+    report = (run["dir"] / "report.md").read_text()
+    line = next(ln for ln in report.splitlines() if ln.startswith("- **skiptarget**"))
+    assert "the target was not restored: after L2 #1: completions differ from fresh (request 1, from character" in line
+    assert "target: " in line and "tensors differ from fresh" in line

@@ -31,11 +31,21 @@ require_module("vllm")
 pytestmark = pytest.mark.vllm
 
 
-def with_naive_variant(source: Path, folder: Path) -> str:
-    """The shipped scenario with its patch path made absolute and a third variant running the naive fix."""
+RANDOM_FILL = "cpu-mimo-mtp-random"
+
+
+def family_scenarios() -> list[Path]:
+    """The family matrix: scenarios/cpu/*.toml but the weight-push ones (tests/test_e2e_push.py runs those)."""
+    return sorted(
+        p for p in CPU_SCENARIOS.glob("*.toml") if not p.name.startswith("push-")
+    )  # the MiMo family once more, its discard leaving random values, not zeros
+
+
+def copied(source: Path, folder: Path, name: str, extra: str = "", cycle: str = "") -> str:
+    """The shipped scenario with its patch path made absolute, `extra` appended and `cycle` keys added."""
     text = source.read_text().replace('"../patches/', f'"{CPU_SCENARIOS.parent}/patches/')
-    text += f'\n[variants.naive]\npatch = "{NAIVE}"\n'
-    copy = folder / source.name
+    text = text.replace("[cycle]\n", f"[cycle]\n{cycle}") + extra
+    copy = folder / name
     copy.write_text(text)
     return str(copy)
 
@@ -43,7 +53,11 @@ def with_naive_variant(source: Path, folder: Path) -> str:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("families")
-    scenarios = [with_naive_variant(path, folder) for path in sorted(CPU_SCENARIOS.glob("*.toml"))]
+    naive = f'\n[variants.naive]\npatch = "{NAIVE}"\n'
+    scenarios = [copied(path, folder, path.name, extra=naive) for path in family_scenarios()]
+    mimo = (CPU_SCENARIOS / "mimo-mtp.toml").read_text().replace('name = "cpu-mimo-mtp"', f'name = "{RANDOM_FILL}"')
+    (folder / "mimo-source.toml").write_text(mimo)
+    scenarios.append(copied(folder / "mimo-source.toml", folder, "mimo-random.toml", cycle='discard_fill = "random"\n'))
     return run_scenario_cli(scenarios, tmp_path_factory.mktemp("results"), timeout=3600)
 
 
@@ -52,7 +66,7 @@ def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
 
 
 def test_the_matrix_covers_every_shipped_cpu_family(run: dict[str, Any]) -> None:
-    assert sorted(run["results"]) == sorted(FAMILIES)
+    assert sorted(run["results"]) == sorted([*FAMILIES, RANDOM_FILL])
     proc = run["proc"]
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
     assert run["leftovers"] == []
@@ -102,3 +116,15 @@ def test_the_combined_report_shows_the_matrix(run: dict[str, Any]) -> None:
     report = (run["dir"] / "report.md").read_text()
     assert report in run["proc"].stdout or report.replace("&lt;", "<") in run["proc"].stdout
     assert "| scenario | baseline | patched | naive |" in report
+
+
+def test_a_random_discard_is_still_caught_as_not_restored(run: dict[str, Any]) -> None:
+    """Freed GPU memory is not cleared on wake: a drafter never reloaded holds noise, not zeros. Nothing reads as
+    all-zero then, yet its checksums differ from fresh — and the fix still recovers."""
+    base, patched = variant(run, RANDOM_FILL, "baseline"), variant(run, RANDOM_FILL, "patched")
+    assert run["results"][RANDOM_FILL]["scenario"]["settings"]["cycle"]["discard_fill"] == "random"
+    assert base["outcome"] == "collapse" and patched["outcome"] == "recover"
+    discarded = next(d for d in base["diagnostics"] if d["point"] == "after discard")["fingerprints"][0]["draft"]
+    assert discarded["all_zero"] == 0 and discarded["differ"] > 0
+    restore = next(d for d in base["diagnostics"] if d["point"] == "after reload_weights")["fingerprints"][0]
+    assert restore["draft"]["all_zero"] == 0 and restore["draft"]["differ"] > 0 and restore["target"]["differ"] == 0

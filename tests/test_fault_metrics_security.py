@@ -51,7 +51,7 @@ def test_speculation_silently_off_is_reported_not_divided_by_zero(engine: FakeEn
 
 
 def test_counters_going_backwards_are_flagged_never_negative(engine: FakeEngine, tmp_path: Path) -> None:
-    env = {"FAKE_VLLM_ARGS": "--reset-counters-at 5"}  # an engine restart inside the measured part of stage 2
+    env = {"FAKE_VLLM_ARGS": "--reset-counters-at 9"}  # an engine restart inside the measured part of stage 2
     proc, folder = run(engine, tmp_path, scenario_text(engine, variants={"baseline": env}))
     assert proc.returncode == 0, proc.stderr
     fresh, after = baseline(folder)["stages"]

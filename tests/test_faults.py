@@ -68,10 +68,14 @@ def variant(result: dict[str, Any], name: str) -> dict[str, Any]:
 
 # -- 1. SIGKILL of the server's process group ------------------------------------------------------
 
+# Completion requests of a stage: 2 prefix-cache probes, 1 warmup, then the measured ones (scenario_text: 2).
+FIRST_MEASURED_FRESH = "completion:4"
+FIRST_MEASURED_AFTER_CYCLE_1 = "completion:9"
+
 KILL_POINTS = {
-    "fresh": ("completion:2", [], None),  # the first measured request of the fresh stage
+    "fresh": (FIRST_MEASURED_FRESH, [], None),
     "cycle step": ("rpc:reload_weights", ["fresh"], "reload_weights"),
-    "later stage": ("completion:5", ["fresh"], None),  # the first measured request after cycle 1
+    "later stage": (FIRST_MEASURED_AFTER_CYCLE_1, ["fresh"], None),
 }
 
 
@@ -105,7 +109,7 @@ def test_sigkill_of_server_group_is_a_crash_and_other_variant_still_measured(
 @pytest.mark.parametrize(
     ("when", "timeouts", "deadline"),
     [
-        ("completion:5", {"request_timeout_s": 2}, 2),
+        (FIRST_MEASURED_AFTER_CYCLE_1, {"request_timeout_s": 2}, 2),
         ("rpc:reload_weights", {"step_timeout_s": 2}, 2 + 5),  # an RPC's HTTP deadline is its timeout + 5 s
     ],
 )
@@ -203,9 +207,9 @@ def _wait_health(port: int) -> None:
 
 PHASES = {
     "startup": ("startup", [], None),
-    "fresh": ("completion:2", [], None),
+    "fresh": (FIRST_MEASURED_FRESH, [], None),
     "cycle": ("path:/sleep", ["fresh"], None),
-    "later stage": ("completion:5", ["fresh"], None),
+    "later stage": (FIRST_MEASURED_AFTER_CYCLE_1, ["fresh"], None),
 }
 
 
@@ -216,7 +220,7 @@ def test_signal_to_specwake_stops_servers_keeps_results_exits_130(
 ) -> None:
     when, stages, _ = PHASES[phase]
     text = scenario_text(engine, variants={"baseline": {}, "second": fault(when, f"{sig}-parent")})
-    proc, out = run(engine, tmp_path, text)  # asserts no server survives specwake's exit
+    proc, out = run(engine, tmp_path, text, "--sequential")  # asserts no server survives specwake's exit
     assert proc.returncode == 130, proc.stderr
     assert "interrupted" in proc.stderr
     result = result_of(out)
@@ -225,6 +229,25 @@ def test_signal_to_specwake_stops_servers_keeps_results_exits_130(
     assert base["outcome"] == "collapse" and len(base["stages"]) == 2
     second = variant(result, "second")  # interrupted: what it measured so far, marked incomplete
     assert second["outcome"] == "incomplete" and [s["name"] for s in second["stages"]] == stages
+    assert len(engine.launched()) == 2
+
+
+@pytest.mark.parametrize("when", ["startup", FIRST_MEASURED_FRESH, "path:/sleep"])
+def test_signal_while_variants_overlap_stops_both_servers_and_keeps_measured_stages(
+    engine: FakeEngine, tmp_path: Path, when: str
+) -> None:
+    """The CPU default runs a scenario's variants side by side: one Ctrl-C must stop both servers."""
+    text = scenario_text(engine, variants={"baseline": {}, "second": fault(when, "int-parent")})
+    proc, out = run(engine, tmp_path, text)  # asserts no server survives specwake's exit
+    assert proc.returncode == 130, proc.stderr
+    assert "interrupted" in proc.stderr
+    result = result_of(out)
+    assert result["complete"] is False
+    second = variant(result, "second")
+    assert second["outcome"] == "incomplete"
+    for v in result["variants"]:  # whatever either side measured before the signal is kept, complete
+        for stage in v["stages"]:
+            assert stage["tok_s"] and stage["acceptance_length"] is not None, (v["name"], stage["name"])
     assert len(engine.launched()) == 2
 
 

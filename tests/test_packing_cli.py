@@ -266,6 +266,18 @@ def test_tp_larger_than_the_gpus_exits_3_naming_both_numbers(engine: FakeEngine,
     assert not out.exists() or [p for p in out.iterdir() if p.is_dir()] == []
 
 
+def test_gpus_beyond_the_visible_ones_exit_2_before_any_launch(engine: FakeEngine, tmp_path: Path) -> None:
+    paths = write_scenarios(engine, tmp_path)
+    out = tmp_path / "out"
+    proc = run_cli(["run", *map(str, paths), "--gpus", "0-5", "--output", str(out)], tmp_path / "cache", 120, **CUDA)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    error = [line for line in lines if line.startswith("error:")]
+    assert len(error) == 1 and "--gpus: GPU 4 is not visible" in error[0] and "4 visible" in error[0], lines
+    assert engine.launched() == [] and engine.servers() == []
+    assert not out.exists() or [p for p in out.iterdir() if p.is_dir()] == []
+
+
 @pytest.mark.parametrize(("gpus", "reason"), [("3-1", "reversed range"), ("a", "not a GPU id"), ("0,0", "twice")])
 @pytest.mark.parametrize("command", ["run", "check"])
 def test_bad_gpu_list_exits_2_with_one_line(

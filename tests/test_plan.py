@@ -83,6 +83,7 @@ def test_cpu_command_is_exact(scenario: Scenario) -> None:
         spec,
         "--worker-extension-cls",
         "specwake.worker.extension.SpecwakeWorkerExtension",
+        "--enable-prompt-tokens-details",
         "--seed",
         "0",
     ]
@@ -229,9 +230,9 @@ def test_check_shows_what_will_be_measured_and_decided_with_every_default(scenar
     prepared = [prepared_variant(scenario, "baseline", "emulated"), prepared_variant(scenario, "patched", "emulated")]
     text = "\n".join(measurement_plan(scenario, prepared))
     assert f"prompts: {len(scenario.prompts)} from builtin:mixed" in text
-    assert "each stage: 1 warmup + 3 measured requests" in text  # the defaults, resolved
+    assert f"each stage: 1 warmup + {scenario.workload.repeats} measured requests" in text  # defaults, resolved
     assert "max_tokens 256, temperature 0, ignore_eos true, request timeout 300 s" in text
-    assert "after each of 2 cycle(s): sleep → discard → wake_weights → reload_weights" in text
+    assert "after each of 2 cycle(s): L2: sleep → discard → wake_weights → reload_weights" in text
     assert "emulated discard fills zero" in text and "step timeout 300 s" in text
     assert "every post-cycle AL ≥ 95% of fresh (tolerance 0.05)" in text and "AL ≤ 1.05" in text
     assert "baseline: expect any; speed 0.90× fresh — advisory: the L2 discard is emulated" in text

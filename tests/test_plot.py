@@ -40,11 +40,11 @@ def test_png_written_with_one_panel_height_per_scenario(tmp_path: Path) -> None:
     assert 20_000 < one.stat().st_size < 2_000_000
 
 
-def test_figure_has_a_titled_panel_per_scenario_with_two_axes() -> None:
+def test_figure_has_a_titled_panel_per_scenario_with_four_axes() -> None:
     fig = build_figure([tiny_cpu(), graphed_gpu()])
     panels = fig.subfigs
     assert len(panels) == 2
-    assert [len(p.axes) for p in panels] == [2, 2]
+    assert [len(p.axes) for p in panels] == [4, 4]  # AL, tok/s, TPOT, host RSS
     titles = [p._suptitle.get_text() for p in panels]
     assert titles == ["tiny-cpu — PASS (L2 discard emulated)", "eagle3-graphed — ERROR"]
     legend = [t.get_text() for t in panels[1].legends[0].get_texts()]
@@ -53,7 +53,7 @@ def test_figure_has_a_titled_panel_per_scenario_with_two_axes() -> None:
 
 def test_al_lines_and_toks_bars_carry_the_stage_numbers() -> None:
     result = tiny_cpu()
-    al_ax, toks_ax = build_figure([result]).subfigs[0].axes
+    al_ax, toks_ax, _tpot_ax, _rss_ax = build_figure([result]).subfigs[0].axes
     lines = [line for line in al_ax.get_lines() if line.get_label() and not line.get_label().startswith("_")]
     for line, variant in zip(lines, result.variants, strict=True):
         assert list(line.get_xdata()) == [s.cycle for s in variant.stages]
@@ -92,3 +92,16 @@ def test_no_results_and_unwritable_target(tmp_path: Path) -> None:
     blocker.write_text("not a folder")
     with pytest.raises(ResultsUnwritable, match=str(blocker)):
         render_plot([tiny_cpu()], blocker / "plot.png")
+
+
+def test_tpot_and_rss_panels_draw_what_was_measured() -> None:
+    from specwake.plot import rss_series, tpot_series
+    from specwake.results import StepResult
+
+    variant = tiny_cpu().variants[1]
+    reload = StepResult(1, "reload_weights", "POST", "/x", 200, 0.1, True, rss_bytes=3 * 1024 * 1024)
+    timed = replace(variant, stages=[replace(s, tpot=[0.002, 0.004]) for s in variant.stages], steps=[reload])
+    assert tpot_series(timed) == ([0, 1, 2], [3.0, 3.0, 3.0])
+    assert rss_series(timed) == ([1], [3.0])
+    fig = build_figure([replace(tiny_cpu(), variants=[timed])])
+    assert len(fig.subfigs[0].axes[2].get_lines()) == 1 and len(fig.subfigs[0].axes[3].get_lines()) == 1

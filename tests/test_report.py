@@ -228,14 +228,15 @@ def test_stage_table_numbers_match_an_independent_computation() -> None:
             assert row[3] == str(stage.num_drafts)
             assert row[4] == f"{stage.num_accepted_tokens}/{stage.num_draft_tokens}"
             assert row[5] == f"{statistics.median(samples):.1f} [{samples[0]:.1f}, {samples[-1]:.1f}]"
+            assert row[7] == "–" and row[8] == "–"  # the fixture records no TPOT / TTFT (results before them)
             if stage.cycle == 0:
-                assert row[6] == "–" and row[7] == "–"
+                assert row[6] == "–" and row[9] == "–"
             else:
                 r = ratio(stage.tok_s, fresh.tok_s)
                 value = statistics.median(stage.tok_s) / statistics.median(fresh.tok_s)
                 assert row[6] == f"{value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
                 assert r.ci_low <= value <= r.ci_high
-                assert row[7] == "yes"
+                assert row[9] == "yes"
 
 
 def test_stage_table_has_stable_widths_and_stage_order() -> None:
@@ -348,8 +349,9 @@ def test_markdown_missing_values_are_dashes_and_native_runs_have_no_note() -> No
     result = graphed_gpu()
     text = render_markdown([result])
     assert "L2 discard emulated on CPU" not in text
-    assert _table_rows(text, "baseline")[0] == ["baseline", "fresh", "3.20", "50", "110/150", "88.0 (n=1)", "–", "–"]
-    assert _table_rows(text, "patched\\|v2")[0] == ["patched\\|v2", "no stage measured", *["–"] * 6]
+    fresh = ["baseline", "fresh", "3.20", "50", "110/150", "88.0 (n=1)", "–", "–", "–", "–"]
+    assert _table_rows(text, "baseline")[0] == fresh
+    assert _table_rows(text, "patched\\|v2")[0] == ["patched\\|v2", "no stage measured", *["–"] * 8]
 
 
 def test_markdown_marks_stages_whose_counters_went_backwards() -> None:

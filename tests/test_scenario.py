@@ -37,7 +37,7 @@ def test_defaults_follow_design(tmp_path: Path) -> None:
         False,
         "auto",
     )
-    assert (s.workload.max_tokens, s.workload.repeats, s.workload.warmup) == (256, 3, 1)
+    assert (s.workload.max_tokens, s.workload.repeats, s.workload.warmup) == (256, 5, 1)
     assert (s.workload.temperature, s.workload.ignore_eos) == (0.0, True)
     assert (s.cycle.level, s.cycle.count, s.cycle.discard) == (2, 2, "auto")
     assert [v.name for v in s.variants] == ["baseline"]
@@ -89,6 +89,32 @@ def test_overrides_apply(tmp_path: Path) -> None:
     assert s.cycle.count == 5 and s.server.tensor_parallel_size == 2
     assert [v.name for v in s.variants] == ["baseline", "patched"]
     assert s.variants[1].patch == diff.resolve()
+
+
+def test_patch_flag_adds_a_patched_variant_the_file_may_expect(tmp_path: Path) -> None:
+    diff = tmp_path / "fix.diff"
+    diff.write_text("x")
+    text = MINIMAL + '[expect]\nbaseline = "collapse"\npatched = "recover"\n'
+    s = load_scenario(write(tmp_path, text), Overrides(patch=diff))
+    assert [(v.name, v.expected, v.patch) for v in s.variants] == [
+        ("baseline", "collapse", None),
+        ("patched", "recover", diff.resolve()),
+    ]
+    with pytest.raises(ScenarioError, match="expect.patched: no variant named"):
+        load_scenario(write(tmp_path, text, "no-flag.toml"))  # without --patch there is no such variant
+
+
+def test_model_paths_are_relative_to_the_scenario_file(tmp_path: Path) -> None:
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    text = MINIMAL.replace('model = "builtin:tiny-llama"', 'model = "../models/target"', 1).replace(
+        'model = "builtin:tiny-llama"', 'model = "./draft"'
+    )
+    s = load_scenario(write(folder, text))
+    assert s.server.model == str(tmp_path / "models" / "target")
+    assert s.speculative["model"] == str(folder / "draft")
+    hub = load_scenario(write(folder, MINIMAL.replace("builtin:tiny-llama", "Qwen/Qwen3-8B"), "hub.toml"))
+    assert hub.server.model == "Qwen/Qwen3-8B" and hub.speculative["model"] == "Qwen/Qwen3-8B"
 
 
 BAD = [
@@ -144,6 +170,23 @@ BAD = [
         ">= 1",
     ),
     ("surprise = 1\n" + MINIMAL, "surprise", "unknown key"),
+    (MINIMAL + "[cycle]\nlevel = [1, 1]\n", "cycle.level: ", "distinct"),
+    (MINIMAL + "[cycle]\nlevel = [3]\n", "cycle.level: ", "1 or 2"),
+    (MINIMAL + "[cycle]\nreload = 'pull'\n", "cycle.reload", "'reload_weights' or 'push'"),
+    (MINIMAL + "[cycle]\npush_to = ['trainer']\n", "cycle.push_to", "'target' or 'draft'"),
+    (MINIMAL + "[cycle]\npush_to = []\n", "cycle.push_to", "one or more distinct"),
+    (MINIMAL + "[cycle]\ndiscard_fill = 'ones'\n", "cycle.discard_fill", "'zero', 'nan' or 'random'"),
+    (MINIMAL + "[expect]\nmax_wake_s = -1\n", "expect.max_wake_s", "(0, inf)"),
+    (MINIMAL + "[expect]\nmax_rss_growth_mb = 'lots'\n", "expect.max_rss_growth_mb", "must be a number"),
+    (MINIMAL + "[expect]\nmax_logprob_drift = -0.1\n", "expect.max_logprob_drift", "[0, inf)"),
+    (MINIMAL + "[variants.v]\npush_scale = { a = 'x' }\n", "variants.v.push_scale.a", "valid number"),
+    (MINIMAL + "[variants.v]\npush_to = ['target', 'target']\n", "variants.v.push_to", "distinct"),
+    (MINIMAL + "[variants.v]\nargs = ['--port=1']\n", "variants.v.args", "set by specwake"),
+    (MINIMAL + "[variants.f]\nspeculative = false\n[expect]\nf = 'recover'\n", "expect.f", "not judged"),
+    (MINIMAL + "[expect]\nmin_speedup_recovery = 0\n", "expect.min_speedup_recovery", "in (0, 1.5)"),
+    (MINIMAL + "[expect]\nbaseline-L2 = 'collapse'\n", "expect.baseline-L2", "no variant named"),
+    (MINIMAL + "[cycle]\npush_to = ['draft']\n", "cycle.push_to", 'only with cycle.reload = "push"'),
+    (MINIMAL + "[variants.baseline]\npush_scale = { 'x' = 2.0 }\n", "variants.baseline.push_scale", "only with"),
 ]
 
 
@@ -186,3 +229,24 @@ def test_cli_missing_scenario_and_bad_flags(tmp_path: Path) -> None:
     assert zero.exit_code == 2
     nopatch = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--patch", str(tmp_path / "x.diff")])
     assert nopatch.exit_code == 2 and "--patch: file not found" in nopatch.output
+
+
+def test_a_level_list_runs_every_variant_at_each_level(tmp_path: Path) -> None:
+    text = MINIMAL + "[cycle]\nlevel = [1, 2]\n[variants.baseline]\n[variants.patched]\n"
+    text += "[expect]\nbaseline = 'collapse'\nbaseline-L1 = 'recover'\npatched = 'recover'\n"
+    s = load_scenario(write(tmp_path, text))
+    assert [(v.name, v.level, v.expected) for v in s.variants] == [
+        ("baseline-L1", 1, "recover"),
+        ("baseline-L2", 2, "collapse"),
+        ("patched-L1", 1, "recover"),
+        ("patched-L2", 2, "recover"),
+    ]
+    assert s.settings()["variants"]["baseline-L1"]["level"] == 1
+
+
+def test_push_keys_resolve_per_variant(tmp_path: Path) -> None:
+    text = MINIMAL + "[cycle]\nreload = 'push'\npush_to = ['target']\n[variants.a]\n[variants.b]\n"
+    text += "push_to = ['target', 'draft']\npush_scale = { 'model.x.weight' = 2.0 }\n"
+    a, b = load_scenario(write(tmp_path, text)).variants
+    assert a.push_to == ("target",) and a.push_scale == ()
+    assert b.push_to == ("target", "draft") and b.push_scale == (("model.x.weight", 2.0),)

@@ -291,7 +291,7 @@ def test_run_packed_cpu_mode_runs_one_at_a_time_and_records_failures() -> None:
     assert isinstance(results["bad"], RuntimeError)
     assert {name for name, _ in events} == {threading.current_thread().name}  # events only from the caller
     assert any(m.startswith("failed bad after") and m.endswith("RuntimeError: server crashed") for _, m in events)
-    assert any(m == "start c on no GPU" for _, m in events)
+    assert any(m == "start c on no GPUs" for _, m in events)
 
 
 def test_run_packed_rejects_too_large_before_running_anything() -> None:

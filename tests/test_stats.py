@@ -20,7 +20,6 @@ from specwake.stats import (
     min_n_for_median_ci,
     percentile,
     ratio,
-    speed_recovered,
     summarize,
 )
 
@@ -195,11 +194,3 @@ def test_clear_drop_and_noisy_samples_from_data() -> None:
     assert call_change(ratio(collapsed, fresh), 0.10) == "drop"
     noisy = [20.0, 60.0, 35.0, 45.0, 25.0]
     assert call_change(ratio(noisy, fresh), 0.10) == "inconclusive"
-
-
-def test_speed_recovered() -> None:
-    fresh = [41.0, 40.75, 42.5, 41.2]
-    assert speed_recovered(fresh, [40.25, 41.5, 40.0, 40.6]) == "yes"
-    assert speed_recovered(fresh, [15.5, 15.25, 15.75, 15.1]) == "no"
-    assert speed_recovered(fresh, [20.0, 45.0, 33.0, 41.0]) == "inconclusive"
-    assert speed_recovered(fresh, [40.0]) == "inconclusive"  # one sample: no interval, no call

@@ -12,17 +12,19 @@ import pytest
 
 from specwake.crashes import ERROR_CLASSES, MEANINGS
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
-from specwake.results import StageResult, VariantResult
+from specwake.results import StageResult, StepResult, VariantResult
 from specwake.verdict import (
     COLLAPSE_AL,
     DEFAULT_MIN_SPEEDUP,
     EXPECTATIONS,
     INCOMPLETE,
     OUTCOMES,
+    Limits,
     decide_outcome,
     decide_verdict,
     exit_code,
     explain,
+    findings,
     first_difference,
     outcome_matches,
     speed_rule,
@@ -239,7 +241,33 @@ def test_unknown_labels_are_rejected() -> None:
     ],
 )
 def test_decide_verdict(pairs: list[tuple[str, str]], verdict: str) -> None:
-    assert decide_verdict(pairs) == verdict
+    assert decide_verdict([(o, outcome_matches(o, e)) for o, e in pairs]) == verdict
+
+
+def test_a_variant_with_findings_fails_even_when_its_outcome_matched() -> None:
+    assert decide_verdict([("recover", True), ("collapse", False)]) == "fail"
+
+
+def step(cycle: int, name: str, seconds: float, rss_mib: float | None = None) -> StepResult:
+    rss = None if rss_mib is None else int(rss_mib * 1024 * 1024)
+    return StepResult(cycle, name, "POST", "/x", 200, seconds, True, rss_bytes=rss)
+
+
+def test_findings_name_a_stale_prefix_cache_and_every_limit_exceeded() -> None:
+    stale = replace(stage(1, 4.0), prefix_cached=64, max_logprob_drift=0.02)
+    steps = [step(1, "wake_weights", 1.0), step(1, "reload_weights", 2.0, 1000), step(2, "wake_weights", 0.5),
+             step(2, "reload_weights", 0.5, 1300)]  # fmt: skip
+    v = variant("recover", [stage(0, 4.0), stale], steps=steps)
+    none = findings(v, Limits())
+    assert none == [
+        "stale prefix cache: after L2 #1 served 64 prompt tokens from cache right after the wake, "
+        "which should have emptied it"
+    ]
+    every = findings(v, Limits(max_logprob_drift=0.01, max_rss_growth_mb=200, max_wake_s=2.5))
+    assert every[1] == "logprobs drift by 0.02 at after L2 #1 > max_logprob_drift 0.01"
+    assert every[2] == "host RSS grew 300 MiB from cycle 1 to 2 > max_rss_growth_mb 200"
+    assert every[3] == "wake of cycle 1 took 3.00 s > max_wake_s 2.5"
+    assert findings(variant("recover", [stage(0, 4.0), stage(1, 4.0)], steps=steps), Limits(max_wake_s=5)) == []
 
 
 @pytest.mark.parametrize(

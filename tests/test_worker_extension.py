@@ -178,9 +178,30 @@ def test_packed_cpu_weights_are_discarded_until_a_reload_replaces_them(fill: str
     x = torch.ones(1, 2)
     assert torch.equal(layer.cpu_linear(x, layer.weight, None), torch.full((1, 3), 2.0))
     worker.specwake_fingerprint(save_as="fresh")
-    assert worker.specwake_emulate_discard(fill=fill)["packed_discarded"] == 1
+    assert worker.specwake_emulate_discard(fill=fill)["packed_filled"] == 1
     assert check(layer.cpu_linear(x, layer.weight, None))
     after = worker.specwake_fingerprint(compare_to="fresh")["target"]
     assert after["packed"] == 1 and after["packed_discarded"] == 1 and after["empty"] == 1
     layer.cpu_linear = PackedLinear().cpu_linear  # what vLLM's process_weights_after_loading does on a reload
     assert worker.specwake_fingerprint(compare_to="fresh")["target"]["packed_discarded"] == 0
+
+
+def test_a_push_scale_naming_no_pushed_tensor_fails_the_push(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo in push_scale would push unperturbed weights and judge a 'perturbed' push on them."""
+    from specwake.worker import extension
+
+    pushed: list[tuple[str, float]] = []
+
+    def push_target(runner: Any, scale: dict[str, float], seen: list[str]) -> str:
+        # what the real push does with the checkpoint: stream it through `scaled`
+        checkpoint = iter([("model.embed.weight", torch.ones(2)), ("lm_head.weight", torch.ones(2))])
+        pushed.extend((name, float(t.sum())) for name, t in extension.scaled(checkpoint, scale, seen))
+        return "pushed"
+
+    monkeypatch.setattr(extension, "push_target", push_target)
+    worker = Worker()
+    answer = worker.specwake_push('{"to": ["target"], "scale": {"lm_head.weight": 3.0}}')
+    assert answer == {"pushed": {"target": "pushed"}, "scaled": ["lm_head.weight"]}
+    assert pushed == [("model.embed.weight", 2.0), ("lm_head.weight", 6.0)]
+    with pytest.raises(ValueError, match="push_scale names no pushed tensor: lm_haed.weight"):
+        worker.specwake_push('{"to": ["target"], "scale": {"lm_haed.weight": 3.0}}')
