@@ -51,7 +51,7 @@ def log_header(spec: ServerSpec, now: datetime) -> str:
     """The lines written to the log before the server's own output."""
     env = " ".join(f"{k}={v if v == REDACTED else shlex.quote(v)}" for k, v in sorted(redact_env(spec.env).items()))
     return (
-        f"# specwake: server start {now.isoformat(timespec='seconds')}\n# argv: {shlex.join(spec.argv)}\n# env: {env}\n"
+        f"# specwake: server start {now.isoformat(timespec='milliseconds')}\n# argv: {shlex.join(spec.argv)}\n# env: {env}\n"
     )
 
 

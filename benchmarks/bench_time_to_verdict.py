@@ -1,0 +1,227 @@
+"""Time to verdict: the same scenarios run in two modes, alternating A/B/A/B in one invocation, with wall-time
+ratios and their spread, CPU time, verdict agreement, tok/s interval widths, and where each server's startup
+went (read from the timestamps of its log). Prints figures; asserts nothing.
+
+    .venv/bin/python benchmarks/bench_time_to_verdict.py [--pairs 2] SCENARIO...
+    # A = --sequential (one server at a time), B = the CPU default (side by side, measurements alone)
+    .venv/bin/python benchmarks/bench_time_to_verdict.py --a-env "" --b-env VLLM_WORKER_MULTIPROC_METHOD=fork \\
+        --a-flags "" --b-flags "" scenarios/tiny-cpu.toml   # one startup setting against none
+
+Runs go to results/bench-time-to-verdict/ (git-ignored). The servers log with millisecond timestamps for the
+breakdown (a logging config passed through VLLM_LOGGING_CONFIG_PATH); nothing else about them changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specwake.stats import summarize
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "results" / "bench-time-to-verdict"
+
+# vLLM's own log format (vllm/logger.py) with milliseconds added to the time.
+LOGGING_CONFIG = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "vllm": {
+            "()": "vllm.logging_utils.NewLineFormatter",
+            "datefmt": "%m-%d %H:%M:%S",
+            "format": "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(asctime)s.%(msecs)03d "
+            "[%(fileinfo)s:%(lineno)d] %(message)s",
+        }
+    },
+    "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm", "stream": "ext://sys.stdout"}},
+    "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}},
+}
+
+LINE = re.compile(r"^\((?P<proc>[A-Za-z_]+)[-\w]* pid=\d+\) \w+ (?P<md>\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?) ")
+HEADER = re.compile(r"^# specwake: server start (\S+)")
+
+# Startup milestones, in the order vLLM reaches them: (segment ending there, how to find it in the log).
+MILESTONES = (
+    ("api server import", lambda proc, msg: proc == "APIServer"),
+    ("engine core spawn", lambda proc, msg: proc.startswith("EngineCore")),
+    ("worker spawn", lambda proc, msg: proc in ("Worker", "VllmWorker")),
+    ("worker setup", lambda proc, msg: "Starting to load model" in msg),
+    ("model load", lambda proc, msg: "Loading weights took" in msg),  # the last one: target, then drafter
+    ("kv cache + warmup", lambda proc, msg: "init engine (profile, create kv cache, warmup model)" in msg),
+    ("api routes", lambda proc, msg: "Starting vLLM server on" in msg),
+)
+LAST_MATCH = {"model load"}
+SEGMENTS = [name for name, _ in MILESTONES] + ["readiness polling"]
+
+
+@dataclass
+class Run:
+    pair: int
+    mode: str
+    wall: float
+    cpu: float
+    exit_code: int
+    outcomes: dict[str, str] = field(default_factory=dict)  # scenario/variant → outcome
+    widths: list[float] = field(default_factory=list)  # relative tok/s interval width per measured stage
+    startup: list[dict[str, float]] = field(default_factory=list)  # per server: segment → seconds
+
+
+def startup_breakdown(log: Path, startup_s: float) -> dict[str, float] | None:
+    """Segment → seconds for one server log: launch → each milestone → ready (launch + startup_s)."""
+    lines = log.read_text(errors="replace").splitlines()
+    header = next((HEADER.match(line) for line in lines if HEADER.match(line)), None)
+    if header is None:
+        return None
+    launch = dt.datetime.fromisoformat(header.group(1)).astimezone().replace(tzinfo=None)  # vLLM logs local time
+    found: dict[str, dt.datetime] = {}
+    for line in lines:
+        match = LINE.match(line)
+        if match is None:
+            continue
+        when = dt.datetime.strptime(f"{launch.year}-{match['md']} {match['hms']}", "%Y-%m-%d %H:%M:%S.%f"
+                                    if "." in match["hms"] else "%Y-%m-%d %H:%M:%S")  # fmt: skip
+        message = line[match.end() :]
+        for name, test in MILESTONES:
+            if test(match["proc"], message) and (name not in found or name in LAST_MATCH):
+                found[name] = when
+        if "Starting vLLM server on" in message:
+            break
+    segments: dict[str, float] = {}
+    previous = launch
+    for name, _ in MILESTONES:
+        if name in found:
+            segments[name] = max(0.0, (found[name] - previous).total_seconds())
+            previous = found[name]
+    segments["readiness polling"] = max(0.0, (launch + dt.timedelta(seconds=startup_s) - previous).total_seconds())
+    return segments
+
+
+def read_run(out: Path, run: Run) -> None:
+    for path in sorted(out.glob("**/result.json")):
+        result = json.loads(path.read_text())
+        for variant in result["variants"]:
+            run.outcomes[f"{result['scenario']['name']}/{variant['name']}"] = variant["outcome"]
+            for stage in variant["stages"]:
+                s = summarize(stage["tok_s"])
+                if s.median and s.ci_low is not None and s.ci_high is not None:
+                    run.widths.append((s.ci_high - s.ci_low) / s.median)
+            log = variant.get("log_path")
+            startup = variant.get("info", {}).get("timings", {}).get("startup")
+            if log and startup and Path(log).is_file():
+                breakdown = startup_breakdown(Path(log), startup)
+                if breakdown:
+                    run.startup.append(breakdown)
+
+
+def one_run(pair: int, mode: str, scenarios: Sequence[str], flags: list[str], env: dict[str, str]) -> Run:
+    out = OUT / f"{time.strftime('%Y%m%d-%H%M%S')}-{pair}{mode}"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "specwake.cli", "run", *scenarios, "--output", str(out), "--quiet", *flags],
+        cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
+    )  # fmt: skip
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    run = Run(pair, mode, wall, cpu, proc.returncode)
+    read_run(out, run)
+    if not run.outcomes:
+        print(f"  {mode}{pair}: no result (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return run
+
+
+def spread(values: Sequence[float]) -> str:
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} (min {min(values):.2f}, max {max(values):.2f})"
+
+
+def report(runs: list[Run], labels: dict[str, str]) -> None:
+    print("\n| pair | mode | wall s | CPU s | exit | outcomes |")
+    print("| ---: | --- | ---: | ---: | ---: | --- |")
+    for r in runs:
+        outcomes = ", ".join(f"{k}={v}" for k, v in sorted(r.outcomes.items()))
+        print(f"| {r.pair} | {r.mode} | {r.wall:.1f} | {r.cpu:.1f} | {r.exit_code} | {outcomes} |")
+    by = {mode: [r for r in runs if r.mode == mode] for mode in ("A", "B")}
+    ratios = [b.wall / a.wall for a, b in zip(by["A"], by["B"], strict=False)]
+    print(f"\nA = {labels['A']}\nB = {labels['B']}")
+    for mode in ("A", "B"):
+        walls = [r.wall for r in by[mode]]
+        cpus = [r.cpu for r in by[mode]]
+        print(f"{mode}: wall s {spread(walls)}; CPU s {spread(cpus)}")
+    print(f"wall B/A per pair: {spread(ratios)}")
+    verdicts = {json.dumps(r.outcomes, sort_keys=True) for r in runs}
+    print(f"outcomes identical in every run: {'yes' if len(verdicts) == 1 else 'NO'}")
+    widths = {mode: [w for r in by[mode] for w in r.widths] for mode in ("A", "B")}
+    if widths["A"] and widths["B"]:
+        a, b = statistics.median(widths["A"]), statistics.median(widths["B"])
+        print(f"tok/s interval width (relative to the median, per stage; median over stages): A {a:.3f}, B {b:.3f},"
+              f" B/A {b / a:.2f} ({len(widths['A'])} and {len(widths['B'])} stages)")  # fmt: skip
+    print("\nStartup, median seconds per server (from the server logs):\n")
+    print("| segment | A | B |")
+    print("| --- | ---: | ---: |")
+    for segment in [*SEGMENTS, "total"]:
+        cells = []
+        for mode in ("A", "B"):
+            values = [
+                sum(s.values()) if segment == "total" else s[segment]
+                for r in by[mode]
+                for s in r.startup
+                if segment == "total" or segment in s
+            ]
+            cells.append(f"{statistics.median(values):.1f}" if values else "n/a")
+        print(f"| {segment} | {cells[0]} | {cells[1]} |")
+
+
+def parse_env(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in shlex.split(text))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenarios", nargs="+")
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--a-flags", default="--sequential", help="`specwake run` flags of mode A")
+    parser.add_argument("--b-flags", default="", help="`specwake run` flags of mode B")
+    parser.add_argument("--a-env", default="", help="KEY=VALUE ... for mode A's servers")
+    parser.add_argument("--b-env", default="", help="KEY=VALUE ... for mode B's servers")
+    args = parser.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    logging_config = OUT / "vllm-logging.json"
+    logging_config.write_text(json.dumps(LOGGING_CONFIG))
+    common = {"VLLM_LOGGING_CONFIG_PATH": str(logging_config)}
+    modes = {
+        "A": (shlex.split(args.a_flags), {**common, **parse_env(args.a_env)}),
+        "B": (shlex.split(args.b_flags), {**common, **parse_env(args.b_env)}),
+    }
+    labels = {m: f"flags [{' '.join(f) or 'none'}], env [{args.a_env if m == 'A' else args.b_env}]"
+              for m, (f, _) in modes.items()}  # fmt: skip
+    print(f"scenarios: {' '.join(args.scenarios)}; {args.pairs} A/B pairs, alternating; results under {OUT}")
+    runs = []
+    for pair in range(1, args.pairs + 1):
+        for mode in ("A", "B"):
+            flags, env = modes[mode]
+            run = one_run(pair, mode, args.scenarios, flags, env)
+            print(f"  pair {pair} {mode}: wall {run.wall:.1f} s, CPU {run.cpu:.1f} s, exit {run.exit_code}", flush=True)
+            runs.append(run)
+    report(runs, labels)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
