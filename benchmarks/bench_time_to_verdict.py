@@ -4,8 +4,11 @@ went (read from the timestamps of its log). Prints figures; asserts nothing.
 
     .venv/bin/python benchmarks/bench_time_to_verdict.py [--pairs 2] SCENARIO...
     # A = --sequential (one server at a time), B = the CPU default (side by side, measurements alone)
-    .venv/bin/python benchmarks/bench_time_to_verdict.py --a-env "" --b-env VLLM_WORKER_MULTIPROC_METHOD=fork \\
-        --a-flags "" --b-flags "" scenarios/tiny-cpu.toml   # one startup setting against none
+    .venv/bin/python benchmarks/bench_time_to_verdict.py --a-flags "" --b-flags "" \\
+        --b-server-args "--num-gpu-blocks-override 256" scenarios/tiny-cpu.toml   # one startup setting against none
+
+--b-server-args runs mode B on copies of the scenario files (next to them, as .bench-NAME.toml, removed at the
+end) whose `server.args` list gets the extra arguments.
 
 Runs go to results/bench-time-to-verdict/ (git-ignored). The servers log with millisecond timestamps for the
 breakdown (a logging config passed through VLLM_LOGGING_CONFIG_PATH); nothing else about them changes.
@@ -188,6 +191,24 @@ def report(runs: list[Run], labels: dict[str, str]) -> None:
         print(f"| {segment} | {cells[0]} | {cells[1]} |")
 
 
+SERVER_ARGS = re.compile(r"(?ms)^(\[server\]\n(?:(?!^\[).)*?^args = \[)(.*?)\]")
+
+
+def with_server_args(scenarios: Sequence[str], extra: list[str]) -> list[Path]:
+    """Copies of the scenario files, next to them (relative paths keep working), with `extra` in server.args."""
+    copies = []
+    for name in scenarios:
+        path = Path(name)
+        text = path.read_text()
+        if not SERVER_ARGS.search(text):
+            raise SystemExit(f"{path}: no `args = [...]` line in [server] to extend")
+        added = ", ".join(json.dumps(a) for a in extra)
+        copy = path.with_name(f".bench-{path.name}")
+        copy.write_text(SERVER_ARGS.sub(lambda m: f"{m[1]}{m[2]}, {added}]", text, count=1))
+        copies.append(copy)
+    return copies
+
+
 def parse_env(text: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in shlex.split(text))
 
@@ -200,6 +221,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--b-flags", default="", help="`specwake run` flags of mode B")
     parser.add_argument("--a-env", default="", help="KEY=VALUE ... for mode A's servers")
     parser.add_argument("--b-env", default="", help="KEY=VALUE ... for mode B's servers")
+    parser.add_argument("--b-server-args", default="", help="extra server.args for mode B's scenarios")
     args = parser.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     logging_config = OUT / "vllm-logging.json"
@@ -211,14 +233,23 @@ def main(argv: list[str]) -> int:
     }
     labels = {m: f"flags [{' '.join(f) or 'none'}], env [{args.a_env if m == 'A' else args.b_env}]"
               for m, (f, _) in modes.items()}  # fmt: skip
+    extra = shlex.split(args.b_server_args)
+    copies = with_server_args(args.scenarios, extra) if extra else []
+    labels["B"] += f", server args [{args.b_server_args}]" if extra else ""
+    scenarios = {"A": list(args.scenarios), "B": [str(c) for c in copies] or list(args.scenarios)}
     print(f"scenarios: {' '.join(args.scenarios)}; {args.pairs} A/B pairs, alternating; results under {OUT}")
     runs = []
-    for pair in range(1, args.pairs + 1):
-        for mode in ("A", "B"):
-            flags, env = modes[mode]
-            run = one_run(pair, mode, args.scenarios, flags, env)
-            print(f"  pair {pair} {mode}: wall {run.wall:.1f} s, CPU {run.cpu:.1f} s, exit {run.exit_code}", flush=True)
-            runs.append(run)
+    try:
+        for pair in range(1, args.pairs + 1):
+            for mode in ("A", "B"):
+                flags, env = modes[mode]
+                run = one_run(pair, mode, scenarios[mode], flags, env)
+                print(f"  pair {pair} {mode}: wall {run.wall:.1f} s, CPU {run.cpu:.1f} s, exit {run.exit_code}",
+                      flush=True)  # fmt: skip
+                runs.append(run)
+    finally:
+        for copy in copies:
+            copy.unlink(missing_ok=True)
     report(runs, labels)
     return 0
 

@@ -122,7 +122,7 @@ class Server:
         self,
         spec: ServerSpec,
         *,
-        poll_interval_s: float = 0.5,
+        poll_interval_s: float = 0.25,
         grace_s: float = 10.0,
         on_output: Callable[[str], None] | None = None,
     ) -> None:
