@@ -6,9 +6,35 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from specwake.schedule import Job, lower_bound, makespan, plan_schedule, utilisation
+from specwake.schedule import Assignment, Job, plan_schedule
+
+
+def makespan(assignments: Iterable[Assignment]) -> float:
+    """Seconds from the first start to the last end (0.0 for no assignments)."""
+    items = list(assignments)
+    return max(a.end for a in items) - min(a.start for a in items) if items else 0.0
+
+
+def lower_bound(jobs: Sequence[Job], n_gpus: int) -> float:
+    """No schedule can beat max(total GPU-seconds / n_gpus, longest job); CPU mode (0 GPUs): the sum."""
+    if not jobs:
+        return 0.0
+    if n_gpus <= 0:
+        return sum(job.est_seconds for job in jobs)
+    gpu_seconds = sum(job.gpus_needed * job.est_seconds for job in jobs)
+    return max(gpu_seconds / n_gpus, max(job.est_seconds for job in jobs))
+
+
+def utilisation(assignments: Iterable[Assignment], n_gpus: int) -> float:
+    """Busy GPU-seconds / (n_gpus x makespan), in [0, 1]; 0.0 when nothing ran or no GPUs."""
+    items = list(assignments)
+    span = makespan(items)
+    if n_gpus <= 0 or span <= 0:
+        return 0.0
+    return sum(len(a.gpus) * (a.end - a.start) for a in items) / (n_gpus * span)
+
 
 # The GPU scenarios in scenarios/ with their tensor parallel size and a rough wall time per variant
 # (startup + fresh stage + 2 L2 cycles, 3 x 256-token requests per stage) on a 2-GPU slice.

@@ -197,12 +197,12 @@ SERVER_ARGS = re.compile(r"(?ms)^(\[server\]\n(?:(?!^\[).)*?^args = \[)(.*?)\]")
 def with_server_args(scenarios: Sequence[str], extra: list[str]) -> list[Path]:
     """Copies of the scenario files, next to them (relative paths keep working), with `extra` in server.args."""
     copies = []
+    added = ", ".join(json.dumps(a) for a in extra)
     for name in scenarios:
         path = Path(name)
         text = path.read_text()
         if not SERVER_ARGS.search(text):
             raise SystemExit(f"{path}: no `args = [...]` line in [server] to extend")
-        added = ", ".join(json.dumps(a) for a in extra)
         copy = path.with_name(f".bench-{path.name}")
         copy.write_text(SERVER_ARGS.sub(lambda m: f"{m[1]}{m[2]}, {added}]", text, count=1))
         copies.append(copy)

@@ -1,6 +1,6 @@
 """The `specwake` command line: parse flags, call one core function, render, return an exit code.
 
-No logic lives here; see runner.py for what `run` does and DESIGN.md for exit codes.
+No logic lives here; session.py does what `run` does, errors.py maps exceptions to exit codes.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Annotated, NoReturn
 import typer
 
 from specwake import __version__
-from specwake.compare import compare_runs, parse_pair, render_comparison_markdown
 from specwake.console import Ui
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, Interrupted, SpecwakeError
 from specwake.models import BUILTIN_MODELS, cache_dir, ensure_builtin_model, lookup, model_dir
-from specwake.plot import render_plot
 from specwake.report import render_csv, render_json, render_markdown
+from specwake.report.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, parse_pair, render_comparison_markdown
+from specwake.report.plot import render_plot
 from specwake.runfolder import load_many
 from specwake.scenario import Overrides
 from specwake.session import RunRequest, check_all, execute
@@ -85,6 +85,9 @@ def run(
     ui = Ui(quiet)
     if patch is not None and not patch.is_file():
         ui.error(f"--patch: file not found: {patch}")
+        raise typer.Exit(EXIT_INPUT)
+    if interleave and sequential:
+        ui.error("--interleave, --sequential: choose one run mode")
         raise typer.Exit(EXIT_INPUT)
     request = RunRequest(
         scenarios=scenarios,
@@ -197,10 +200,10 @@ def compare(
         Path,
         typer.Argument(help="Later result (file, run folder, or results folder: its latest run).", show_default=False),
     ],
-    max_al_drop: Annotated[float, typer.Option(min=0, max=1, help="Flag AL drops beyond this fraction.")] = 0.05,
+    max_al_drop: Annotated[float, typer.Option(min=0, max=1, help="Flag AL drops beyond this fraction.")] = MAX_AL_DROP,
     max_toks_drop: Annotated[
         float, typer.Option(min=0, max=1, help="Flag tok/s drops whose interval clears it.")
-    ] = 0.10,
+    ] = MAX_TOKS_DROP,
     every_run: Annotated[
         bool, typer.Option("--all", help="A results folder means every run in it (e.g. all shards of one night).")
     ] = False,

@@ -82,12 +82,6 @@ class VllmClient:
             raise RequestFailed(f"{method} {path}: HTTP {answer.status}: {detail}")
         return answer
 
-    def healthy(self, timeout: float = 5.0) -> bool:
-        try:
-            return self.request("GET", "/health", timeout=timeout).ok
-        except (RequestFailed, RequestTimeout):
-            return False
-
     def model_ids(self, timeout: float = 30.0) -> list[str]:
         body = self.checked("GET", "/v1/models", timeout=timeout).body
         return [m["id"] for m in body.get("data", [])] if isinstance(body, dict) else []

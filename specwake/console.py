@@ -17,19 +17,12 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from specwake.markdown import for_terminal
+from specwake.events import Event
+from specwake.report.markdown import for_terminal
 
 
 def _interactive(console: Console) -> bool:
     return console.is_terminal and not os.environ.get("CI")
-
-
-def split_event(message: str) -> tuple[str | None, str]:
-    """Events are `<server key>: <status>`; the key is what the live table groups rows by."""
-    key, sep, rest = message.partition(": ")
-    if sep and " " not in key:
-        return key, rest
-    return None, message
 
 
 class Ui:
@@ -67,17 +60,16 @@ class Ui:
 
     # -- output ------------------------------------------------------------------------------------
 
-    def event(self, message: str) -> None:
-        """One progress event; `<key>: <status>` updates that server's row on a terminal."""
+    def event(self, event: Event) -> None:
+        """One progress event; on a terminal, an event about a server updates that server's row."""
         if self.quiet:
             return
-        key, status = split_event(message)
-        if self._live is not None and key is not None:
-            self._rows[key] = (status, time.monotonic())
+        if self._live is not None and event.source is not None:
+            self._rows[event.source] = (event.text, time.monotonic())
             self._live.update(self._table())
             return
         elapsed = time.monotonic() - self._t0
-        self.err.print(f"[dim][{elapsed:7.1f}s][/dim] {escape(message)}", markup=True, emoji=False)
+        self.err.print(f"[dim][{elapsed:7.1f}s][/dim] {escape(str(event))}", markup=True, emoji=False)
 
     def error(self, message: str) -> None:
         self.err.print(f"[bold red]error:[/bold red] {escape(message)}", markup=True, emoji=False)

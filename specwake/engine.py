@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specwake.errors import EngineMissing
-from specwake.files import write_atomic
+from specwake.files import write_cache
 
 PROBE_VERSION = "2"  # part of the cache key: bump when _PROBE answers something new
 # Runs inside the variant's interpreter; prints one JSON line.
@@ -164,10 +164,7 @@ def probe_engine(python: str, cache: Path | None = None, timeout_s: float = 180.
             pass
     info, data = _probe(python, timeout_s)
     if cached is not None:
-        try:
-            write_atomic(cached, json.dumps(data))
-        except OSError:
-            pass  # a cache that cannot be written only costs time
+        write_cache(cached, json.dumps(data))
     return info
 
 

@@ -7,11 +7,11 @@ SpecwakeError                      (base, never raised directly)
 ├── InfraError            exit 3   the machine cannot run what was asked
 │   ├── EngineMissing              vLLM is not importable in the variant's interpreter
 │   ├── StartupFailed              a server exited or never became ready (log tail attached)
+│   ├── PlatformMismatch           e.g. real L2 sleep on a CPU build, more TP ranks than GPUs
 │   └── ResultsUnwritable          the results folder cannot be created or written
 ├── ServerFault                    a running server failed us (becomes a `crash` outcome)
 │   ├── RequestFailed              a request or cycle step answered non-2xx or broke the connection
-│   ├── RequestTimeout             a request or cycle step did not answer before its deadline
-│   └── ServerDied                 the server process exited while we were using it
+│   └── RequestTimeout             a request or cycle step did not answer before its deadline
 └── Interrupted           exit 130 SIGINT / SIGTERM reached specwake
 """
 
@@ -81,10 +81,6 @@ class RequestFailed(ServerFault):
 
 class RequestTimeout(ServerFault):
     crash_class = "request_timeout"
-
-
-class ServerDied(ServerFault):
-    crash_class = "server_exited"
 
 
 class Interrupted(SpecwakeError):

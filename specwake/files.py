@@ -21,3 +21,11 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_cache(path: Path, text: str) -> None:
+    """write_atomic for a cache entry: a cache that cannot be written only costs time, so OSError is ignored."""
+    try:
+        write_atomic(path, text)
+    except OSError:
+        pass

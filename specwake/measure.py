@@ -16,9 +16,8 @@ from specwake.client import VllmClient
 from specwake.completions import Completer, Completion
 from specwake.errors import RequestFailed
 from specwake.metrics import SpecCounters, counter_delta, parse_spec_counters
-from specwake.results import StageResult
+from specwake.results import LOGPROB_TOLERANCE, StageResult
 
-LOGPROB_TOLERANCE = 1e-3  # |Δ logprob| above this at a position counts as drift
 # The prefix-cache probe: ~300 characters, several KV-cache blocks with any tokenizer, under 512 tokens with a
 # byte-level one. Every stage sends it twice: the first answer must show no cached tokens right after a wake (the
 # wake reset the prefix cache; a hit means stale hashes survived); the second shows the cache works at all.

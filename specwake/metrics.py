@@ -1,6 +1,7 @@
 """Pure metric arithmetic: vLLM's Prometheus text → spec-decode counters → per-stage deltas.
 
-Acceptance length, per-position and acceptance rates follow vLLM's own definitions (VLLM_NOTES.md).
+Acceptance length, per-position and acceptance rates follow vLLM's own definitions (vllm/v1/spec_decode/metrics.py;
+see docs/how-it-works.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Patched-vLLM overlay: apply a unified diff to a symlink mirror of an installed `vllm` package.
 
 It lives in `<cache>/overlays/<key>/`: built in a temp dir, renamed into place, then reused.
+What a diff touches, and why it does not apply, is asked of `git apply`; this module only judges the paths.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ LAYOUT = "specwake.overlay/1"  # part of the key: bump when the overlay layout c
 MANIFEST = "specwake-overlay.json"
 GIT_TIMEOUT_S = 120.0
 STALE_TMP_S = 3600.0  # temp dirs older than this were left by a killed run
+GIT_UNSET = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_CONFIG", "GIT_CONFIG_COUNT", "GIT_CONFIG_PARAMETERS")
 
-_HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-_GIT_HEADER = re.compile(rb"^diff --git (\S+|\"(?:[^\"\\]|\\.)*\") (\S+|\"(?:[^\"\\]|\\.)*\")$")
-_FAILED_HUNK = re.compile(r"patch failed: (.+):(\d+)$")
-_PATH_ERROR = re.compile(r"^error: (.+?): (.+)$")
+# A `---`/`+++` line pair: `git apply -p1` turns "/etc/passwd" into "etc/passwd", so absolute paths are
+# looked for here; and when git finds no patch at all, a pair tells "header without hunks" from "not a diff".
+_HEADERS = re.compile(rb'^--- "?([^\t\r\n]*).*\n\+\+\+ "?([^\t\r\n]*)', re.M)
+_BINARY = re.compile(rb"^(?:GIT binary patch|Binary files .* differ)\r?$", re.M)
+_CONTEXT_DIFF = re.compile(rb"^\*{15}\r?$", re.M)  # the hunk separator of `diff -c`
+_SUMMARY = re.compile(r"^ (create|delete) (?:mode (\d+) )?(.*)$", re.M)  # `git apply --summary`
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,6 @@ class FilePatch:
 
     old_path: str | None
     new_path: str | None
-    hunk_lines: tuple[int, ...]  # old-file start line of each hunk, in diff order
 
     @property
     def path(self) -> str:
@@ -79,18 +82,22 @@ def _read(diff_path: Path) -> bytes:
 
 
 def parse_patch(data: bytes, name: str) -> PatchInfo:
-    """The pure half of `inspect_patch`: `name` only labels error messages."""
+    """`inspect_patch` on the diff's bytes (git reads them; nothing is applied): `name` only labels errors."""
     if not data.strip():
         raise PatchError(f"{name}: empty diff")
     if b"\0" in data:
         raise PatchError(f"{name}: binary patch (NUL bytes) is not supported")
-    files = tuple(_parse_files(data.splitlines(), name))
-    if not files:
-        raise PatchError(f"{name}: not a unified diff (no ---/+++ file headers)")
+    files = list_files(data, name)
+    for header in _HEADERS.finditer(data):
+        for raw in header.groups():
+            if raw.startswith(b"/") and raw != b"/dev/null":
+                raise PatchError(f"{name}: absolute path {_decode(raw)!r}")
     inside: list[str] = []
     outside: list[str] = []
     for fp in files:
         sides = [p for p in (fp.old_path, fp.new_path) if p is not None]
+        for side in sides:
+            check_path(side, name)
         in_pkg = [p.startswith(PACKAGE + "/") for p in sides]
         if any(in_pkg) and not all(in_pkg):
             raise PatchError(f"{name}: {fp.path}: moves a file across the {PACKAGE}/ boundary")
@@ -100,133 +107,83 @@ def parse_patch(data: bytes, name: str) -> PatchInfo:
     return PatchInfo(
         path=Path(name),
         sha256=hashlib.sha256(data).hexdigest(),
-        files=files,
+        files=tuple(files),
         patched_files=tuple(sorted(set(inside))),
         skipped_files=tuple(sorted(set(outside))),
     )
 
 
-def _parse_files(lines: list[bytes], name: str) -> list[FilePatch]:
-    """Walk the diff's file headers and hunks; hunk bodies are consumed by their line counts."""
-    files: list[FilePatch] = []
-    old: str | None = None
-    new: str | None = None
-    hunks: list[int] = []
-    started = False  # a file header has been seen and not yet flushed
-    git_record = False
+def check_path(path: str, name: str) -> None:
+    """Refuse a path (as git reads it, after -p1) that could write outside the overlay's package."""
+    parts = path.split("/")
+    if path.startswith("/"):
+        raise PatchError(f"{name}: absolute path {path!r}")
+    if ".." in parts:
+        raise PatchError(f"{name}: path {path!r} leaves the package ('..')")
+    if ".git" in parts:
+        raise PatchError(f"{name}: path {path!r} reaches into a .git folder")
 
-    def flush() -> None:
-        if started:
-            if not hunks and not git_record:
-                raise PatchError(f"{name}: {new or old}: file header without hunks")
-            files.append(FilePatch(old, new, tuple(hunks)))
 
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith(b"GIT binary patch") or (line.startswith(b"Binary files ") and line.endswith(b" differ")):
-            raise PatchError(f"{name}: binary patch at line {i + 1} is not supported")
-        if line.startswith(b"*** ") and i + 1 < len(lines) and lines[i + 1].startswith(b"--- "):
-            raise PatchError(f"{name}: context diff at line {i + 1}; a unified diff is needed")
-        git = _GIT_HEADER.match(line)
-        if git:
-            flush()
-            started, git_record, hunks = True, True, []
-            old, new = (_strip(_unquote(g), name, i) for g in git.groups())
-        elif line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ "):
-            a = _header_path(line[4:], name, i)
-            b = _header_path(lines[i + 1][4:], name, i + 1)
-            if not (git_record and started and not hunks):
-                flush()
-                started, git_record, hunks = True, False, []
-            old, new = a, b
-            i += 1
-        elif git_record and started and line.startswith((b"new file mode", b"deleted file mode")):
-            if line.endswith(b"120000"):
-                raise PatchError(f"{name}: symlinks in a patch are not supported (line {i + 1})")
-            if line.startswith(b"new"):
-                old = None
-            else:
-                new = None
-        elif git_record and started and line.startswith((b"rename from ", b"copy from ")):
-            old = _strip(_unquote(line.split(b" ", 2)[2]), name, i, prefixed=False)
-        elif git_record and started and line.startswith((b"rename to ", b"copy to ")):
-            new = _strip(_unquote(line.split(b" ", 2)[2]), name, i, prefixed=False)
-        elif line.startswith(b"@@"):
-            if not started:
-                raise PatchError(f"{name}: hunk at line {i + 1} comes before any file header")
-            i, start = _skip_hunk(lines, i, name)
-            hunks.append(start)
-            continue
-        i += 1
-    flush()
+def list_files(data: bytes, name: str) -> list[FilePatch]:
+    """The files of a diff in diff order, as `git apply` reads them, run in an empty folder.
+
+    `--numstat` names each file by its new path (its old one if deleted) and shows `-` for a binary patch;
+    `-R --numstat` names it by its old path (its new one if created), last file first;
+    `--summary` says which files are created or deleted, and with which mode.
+    """
+    with tempfile.TemporaryDirectory(prefix="specwake-diff-") as empty:
+        forward = numstat(git_reads(["--numstat", "-z"], data, Path(empty), name))
+        binary = [path for path, is_binary in forward if is_binary]
+        if binary:
+            raise PatchError(f"{name}: {binary[0]}: binary patch is not supported")
+        backward = numstat(git_reads(["-R", "--numstat", "-z"], data, Path(empty), name))
+        events = _SUMMARY.findall(_decode(git_reads(["--summary"], data, Path(empty), name)))
+    files = []
+    for (new, _), (old, _) in zip(forward, reversed(backward), strict=True):
+        fp = FilePatch(old, new)
+        if events and events[0][2] == new:  # this file is created or deleted
+            kind, mode, _ = events.pop(0)
+            if mode == "120000":
+                raise PatchError(f"{name}: {fp.path}: symlinks in a patch are not supported")
+            fp = FilePatch(None, new) if kind == "create" else FilePatch(old, None)
+        files.append(fp)
     return files
 
 
-def _skip_hunk(lines: list[bytes], i: int, name: str) -> tuple[int, int]:
-    """(index after the hunk starting at `lines[i]`, its old start line); raise if malformed."""
-    m = _HUNK.match(lines[i])
-    if not m:
-        raise PatchError(f"{name}: malformed hunk header at line {i + 1}")
-    old_left = int(m.group(2)) if m.group(2) is not None else 1
-    new_left = int(m.group(4)) if m.group(4) is not None else 1
-    j = i + 1
-    while old_left > 0 or new_left > 0:
-        body = lines[j] if j < len(lines) else None
-        tag = body[:1] if body else b" "  # an empty line is an empty context line
-        if body is None or tag not in (b" ", b"-", b"+", b"\\"):
-            raise PatchError(f"{name}: hunk at line {i + 1} is truncated (diff line {j + 1})")
-        old_left -= tag in (b" ", b"-")
-        new_left -= tag in (b" ", b"+")
-        j += 1
-    while j < len(lines) and lines[j].startswith(b"\\"):  # "\ No newline at end of file"
-        j += 1
-    return j, int(m.group(1))
+def numstat(out: bytes) -> list[tuple[str, bool]]:
+    """(path, is binary) of each `added<TAB>deleted<TAB>path<NUL>` record of `git apply --numstat -z`."""
+    records = [record.split(b"\t", 2) for record in out.split(b"\0") if record]
+    return [(_decode(path), added == b"-") for added, _, path in records]
 
 
-def _unquote(raw: bytes) -> bytes:
-    """Undo git's C-style quoting of unusual paths ("a/caf\\303\\251.py")."""
-    if not (raw.startswith(b'"') and raw.endswith(b'"') and len(raw) >= 2):
-        return raw
-    body, out, k = raw[1:-1], bytearray(), 0
-    simple = {b"n": b"\n", b"t": b"\t", b'"': b'"', b"\\": b"\\", b"a": b"\a", b"b": b"\b"}
-    simple |= {b"f": b"\f", b"r": b"\r", b"v": b"\v"}
-    while k < len(body):
-        c = body[k : k + 1]
-        if c == b"\\" and body[k + 1 : k + 4].isdigit():
-            out.append(int(body[k + 1 : k + 4], 8))
-            k += 4
-        elif c == b"\\" and body[k + 1 : k + 2] in simple:
-            out += simple[body[k + 1 : k + 2]]
-            k += 2
-        else:
-            out += c
-            k += 1
-    return bytes(out)
+def _decode(path: bytes) -> str:
+    return path.decode("utf-8", "surrogateescape")
 
 
-def _header_path(raw: bytes, name: str, i: int) -> str | None:
-    """A `---`/`+++` header's path (timestamp after a tab dropped); None for /dev/null."""
-    raw = _unquote(raw.split(b"\t", 1)[0].rstrip(b"\r"))
-    if raw == b"/dev/null":
-        return None
-    return _strip(raw, name, i)
+def git_reads(args: list[str], data: bytes, cwd: Path, name: str) -> bytes:
+    """stdout of a `git apply ARGS` that only reads the diff; else a one-line PatchError saying why git refused.
 
-
-def _strip(raw: bytes, name: str, i: int, prefixed: bool = True) -> str:
-    """Decode a diff path and drop its first STRIP components (`a/`), rejecting unsafe paths."""
-    path = raw.decode("utf-8", "surrogateescape")
-    if path.startswith("/") or path.startswith("~"):
-        raise PatchError(f"{name}: absolute path {path!r} at line {i + 1}")
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        raise PatchError(f"{name}: path {path!r} at line {i + 1} leaves the package ('..')")
-    if ".git" in parts:
-        raise PatchError(f"{name}: path {path!r} at line {i + 1} reaches into a .git folder")
-    kept = parts[STRIP:] if prefixed else parts
-    if not kept:
-        raise PatchError(f"{name}: path {path!r} at line {i + 1} is empty after -p{STRIP}")
-    return "/".join(kept)
+    When git finds no patch at all ("No valid patches in input"), the text tells which kind of non-diff it is.
+    """
+    proc = run_git_apply(args, data, cwd, name)
+    stderr = proc.stderr.decode("utf-8", "replace")
+    if proc.returncode == 0:
+        return proc.stdout
+    if "binary patch" in stderr or _BINARY.search(data):
+        raise PatchError(f"{name}: binary patch is not supported")
+    if "No valid patches" in stderr and _CONTEXT_DIFF.search(data):
+        raise PatchError(f"{name}: context diff; a unified diff is needed")
+    if "No valid patches" in stderr and _HEADERS.search(data):
+        raise PatchError(f"{name}: file header without hunks")
+    if "No valid patches" in stderr:
+        raise PatchError(f"{name}: not a unified diff (no ---/+++ file headers)")
+    orphan = re.search(r"patch fragment without header at line (\d+)", stderr)
+    if orphan:
+        raise PatchError(f"{name}: hunk at line {orphan.group(1)} comes before any file header")
+    corrupt = re.search(r"corrupt patch at line (\d+)", stderr)
+    if corrupt:
+        raise PatchError(f"{name}: hunk is truncated or corrupt (diff line {corrupt.group(1)})")
+    raise PatchError(describe_failure(name, stderr))
 
 
 def overlay_key(diff_sha256: str, vllm_version: str, package_dir: Path) -> str:
@@ -238,19 +195,15 @@ def overlay_key(diff_sha256: str, vllm_version: str, package_dir: Path) -> str:
 def build_overlay(diff_path: Path, package_dir: Path, vllm_version: str, cache: Path) -> Overlay:
     """Return the overlay of `package_dir` patched by `diff_path`, building it unless it exists."""
     data = _read(diff_path)
-    info = parse_patch(data, str(diff_path))
     package = package_dir.resolve()
     if not (package / "__init__.py").is_file():
         raise EngineMissing(f"{package_dir}: not an installed {PACKAGE} package (no __init__.py)")
-    key = overlay_key(info.sha256, vllm_version, package)
+    key = overlay_key(hashlib.sha256(data).hexdigest(), vllm_version, package)
     overlays = cache / "overlays"
     dest = overlays / key
-
-    def result(reused: bool) -> Overlay:
-        return Overlay(dest, info.patched_files, info.skipped_files, key, reused)
-
-    if (dest / MANIFEST).is_file():
-        return result(reused=True)
+    if (dest / MANIFEST).is_file():  # the key covers the diff's bytes: reuse it as its manifest says, no git run
+        manifest = json.loads((dest / MANIFEST).read_text())
+        return Overlay(dest, tuple(manifest["patched_files"]), tuple(manifest["skipped_files"]), key, True)
     try:
         overlays.mkdir(parents=True, exist_ok=True)
         remove_stale_tmp(overlays, STALE_TMP_S)
@@ -258,6 +211,7 @@ def build_overlay(diff_path: Path, package_dir: Path, vllm_version: str, cache: 
     except OSError as exc:
         raise InfraError(f"cannot create overlay folder in {overlays}: {exc}") from exc
     try:
+        info = parse_patch(data, str(diff_path))
         mirror_package(package, tmp / PACKAGE)
         materialize(tmp, info)
         try:
@@ -281,7 +235,7 @@ def build_overlay(diff_path: Path, package_dir: Path, vllm_version: str, cache: 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return result(reused=not won)
+    return Overlay(dest, info.patched_files, info.skipped_files, key, reused=not won)
 
 
 def mirror_package(package: Path, target: Path) -> int:
@@ -306,7 +260,7 @@ def materialize(root: Path, info: PatchInfo) -> None:
             continue
         link = root / fp.old_path
         if not link.is_symlink():
-            continue  # missing: `git apply --check` reports it
+            continue  # missing: `git apply` reports it
         src = link.resolve()
         link.unlink()
         shutil.copy2(src, link)
@@ -314,66 +268,48 @@ def materialize(root: Path, info: PatchInfo) -> None:
             pyc.unlink()
 
 
-def git_env() -> dict[str, str]:
-    """Environment for `git apply`: no system/global config, no repository discovery above cwd."""
-    env = dict(os.environ)
+def run_git_apply(args: list[str], data: bytes, cwd: Path, name: str) -> subprocess.CompletedProcess[bytes]:
+    """`git apply -p1 ARGS -` fed the diff `data`, run in `cwd` (which must not be in a repository)."""
+    git = shutil.which("git")
+    if git is None:
+        raise InfraError("git is not installed; it is needed to apply patches")
+    # No system/global config, English messages, no repository found above `cwd` (the cache may be in a checkout).
+    env = {var: value for var, value in os.environ.items() if var not in GIT_UNSET}
     env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, LC_ALL="C")
-    for var in (
-        "GIT_DIR",
-        "GIT_WORK_TREE",
-        "GIT_INDEX_FILE",
-        "GIT_CONFIG",
-        "GIT_CONFIG_PARAMETERS",
-    ):
-        env.pop(var, None)
-    return env
-
-
-def git_apply_argv(check: bool) -> list[str]:
-    argv = ["git", "apply", f"-p{STRIP}", f"--include={PACKAGE}/*", "--whitespace=nowarn"]
-    return argv + (["--check"] if check else []) + ["-"]
+    env["GIT_CEILING_DIRECTORIES"] = str(cwd.resolve().parent)
+    argv = [git, "apply", f"-p{STRIP}", *args, "-"]
+    try:
+        return subprocess.run(argv, input=data, cwd=cwd, env=env, capture_output=True, timeout=GIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise InfraError(f"git apply on {name} took over {GIT_TIMEOUT_S:.0f} s") from exc
 
 
 def apply_diff(root: Path, data: bytes, info: PatchInfo) -> None:
-    """`git apply --check`, then `git apply`, with cwd = `root`; raise PatchError on failure."""
-    env = git_env()
-    # Stop git from finding a repository above the overlay (the cache may sit inside a checkout).
-    env["GIT_CEILING_DIRECTORIES"] = str(root.parent)
-    for check in (True, False):
-        try:
-            proc = subprocess.run(
-                git_apply_argv(check),
-                input=data,
-                cwd=root,
-                env=env,
-                capture_output=True,
-                timeout=GIT_TIMEOUT_S,
-            )
-        except FileNotFoundError as exc:
-            raise InfraError("git is not installed; it is needed to apply patches") from exc
-        except subprocess.TimeoutExpired as exc:
-            raise InfraError(f"git apply on {info.path} took over {GIT_TIMEOUT_S:.0f} s") from exc
-        if proc.returncode != 0:
-            stderr = proc.stderr.decode("utf-8", "replace")
-            raise PatchError(describe_failure(str(info.path), stderr, info))
+    """Apply the diff's vllm/ files with cwd = `root`; raise PatchError naming the first failure.
+
+    `--reject` makes git also number the failing hunk; a partly applied overlay is discarded by the caller.
+    """
+    args = [f"--include={PACKAGE}/*", "--whitespace=nowarn", "--reject"]
+    proc = run_git_apply(args, data, root, str(info.path))
+    if proc.returncode != 0:
+        raise PatchError(describe_failure(str(info.path), proc.stderr.decode("utf-8", "replace")))
 
 
-def describe_failure(name: str, stderr: str, info: PatchInfo) -> str:
-    """One line naming the diff, the target file and the failing hunk from git's stderr."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for ln in lines:
-        m = _FAILED_HUNK.search(ln)
-        if m:
-            path, line = m.group(1), int(m.group(2))
-            starts = [fp.hunk_lines for fp in info.files if fp.path == path or fp.old_path == path]
-            number = starts[0].index(line) + 1 if starts and line in starts[0] else None
-            hunk = f"hunk #{number} at line {line}" if number else f"hunk at line {line}"
-            return f"{name}: {path}: {hunk} does not apply"
-    for ln in lines:
-        m = _PATH_ERROR.match(ln)
-        if m:
-            return f"{name}: {m.group(1)}: {m.group(2)}"
-    detail = lines[0].removeprefix("error: ") if lines else "git apply failed"
+def describe_failure(name: str, stderr: str) -> str:
+    """One line naming the diff, the target file and the failing hunk from git's stderr.
+
+    git checks, then writes, files in diff order, so its first "patch failed: FILE:LINE" and its first
+    "Rejected hunk #N." (printed by `--reject`) are the same hunk.
+    """
+    failed = re.search(r"^error: patch failed: (.+):(\d+)$", stderr, re.M)
+    if failed:
+        number = re.search(r"^Rejected hunk #(\d+)\.$", stderr, re.M)
+        hunk = f"hunk #{number.group(1)}" if number else "hunk"
+        return f"{name}: {failed.group(1)}: {hunk} at line {failed.group(2)} does not apply"
+    about_file = re.search(r"^error: (.+?): (.+)$", stderr, re.M)
+    if about_file:
+        return f"{name}: {about_file.group(1)}: {about_file.group(2)}"
+    detail = stderr.strip().splitlines()[0].removeprefix("error: ") if stderr.strip() else "git apply failed"
     return f"{name}: {detail}"
 
 

@@ -7,13 +7,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specwake.cycle import cycle_steps
 from specwake.engine import EngineInfo, probe_engine, resolve_python
 from specwake.errors import PatchError, PlatformMismatch
+from specwake.events import Event, Events
 from specwake.hub import Availability, local_config
 from specwake.models import is_builtin, resolve_model_ref
 from specwake.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
@@ -22,7 +24,6 @@ from specwake.scenario import Scenario, Variant
 from specwake.validate import validate_variant
 from specwake.verdict import COLLAPSE_AL, speed_rule
 
-Events = Callable[[str], None]
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -130,7 +131,7 @@ def prepare(
     for variant in scenario.variants:
         python = resolve_python(variant.python)
         if python not in engines:
-            events(f"probing vLLM in {python}")
+            events(Event(f"probing vLLM in {python}"))
             engines[python] = probe_engine(python, cache)
         engine = engines[python]
         model = resolve_model_ref(scenario.server.model, python, cache)
@@ -142,9 +143,9 @@ def prepare(
             with _naming_patch(scenario, variant):
                 overlay = build_overlay(variant.patch, engine.package_dir, engine.vllm_version, cache)
             patch_sha = patches[variant.name].sha256
-            events(f"{variant.name}: overlay {'reused' if overlay.reused else 'built'} at {overlay.root}")
+            events(Event(f"overlay {'reused' if overlay.reused else 'built'} at {overlay.root}", variant.name))
             for skipped in overlay.skipped_files:
-                events(f"{variant.name}: patch file outside vllm/ skipped: {skipped}")
+                events(Event(f"patch file outside vllm/ skipped: {skipped}", variant.name))
         problem = platform_problem(scenario, engine, gpus, model)
         discard = scenario.cycle.discard if problem else resolve_discard(scenario, engine.sleep_mode, engine.platform)
         prepared.append(PreparedVariant(variant, engine, overlay, patch_sha, model, draft, discard, problem))
@@ -275,7 +276,7 @@ def describe(
         lines.append(f"    L2 discard: {prep.l2_discard}")
         where = ",".join(map(str, plan.gpus)) if plan.gpus else ("all visible" if engine.is_gpu else "none (CPU)")
         lines.append(f"    gpus: {where}")
-        lines.append("    argv: " + " ".join(_quote(a) for a in plan.argv))
+        lines.append("    argv: " + shlex.join(plan.argv))
         for key, value in sorted(redact_env(plan.env_added).items()):
             lines.append(f"    env: {key}={value}")
         note = cpu_no_op(prep)
@@ -286,5 +287,16 @@ def describe(
     return "\n".join(lines)
 
 
-def _quote(arg: str) -> str:
-    return shlex.quote(arg)
+def check_imports(prep: PreparedVariant, infos: list[Any]) -> str | None:
+    """Every worker must import vLLM from where the variant says: a patched variant from its overlay, any other
+    from the interpreter's installed package (a patched variant silently running stock vLLM would make every
+    verdict a lie). Returns an error text, or None."""
+    if prep.overlay is not None:
+        expected, what = prep.overlay.root / "vllm", "the overlay"
+    else:
+        expected, what = prep.engine.package_dir, "the installed package"
+    for rank, info in enumerate(infos):
+        file = str(info.get("vllm_file", "")) if isinstance(info, dict) else ""
+        if not file.startswith(str(expected) + os.sep):
+            return f"{prep.variant.name} worker {rank} imported vLLM from {file or '?'}, not {what} {expected}"
+    return None

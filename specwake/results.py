@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 SCHEMA = "specwake.result/1"
+LOGPROB_TOLERANCE = 1e-3  # |Δ logprob| against fresh above this at a token position counts as drift
 KNOWN_SCHEMAS = (SCHEMA,)
 
 
@@ -38,7 +39,7 @@ class StageResult:
     prefix_cached_repeat: int | None = None  # the same probe again: shows the prefix cache works at all
     first_difference: list[int] | None = None  # [request, token] where tokens first differ from fresh
     max_logprob_drift: float | None = None  # largest |Δ logprob| against fresh over the shared tokens
-    logprobs_over_tolerance: int | None = None  # positions drifting by more than measure.LOGPROB_TOLERANCE
+    logprobs_over_tolerance: int | None = None  # positions drifting by more than LOGPROB_TOLERANCE
     logprobs_compared: int | None = None
 
 
@@ -90,6 +91,15 @@ class VariantResult:
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)  # problems beyond the outcome (see verdict.findings)
     push: dict[str, Any] | None = None  # {"to": [...], "scale": {...}} when cycles push weights instead of reloading
+
+    @property
+    def stages_by_cycle(self) -> list[StageResult]:
+        return sorted(self.stages, key=lambda s: s.cycle)
+
+    @property
+    def fresh(self) -> StageResult | None:
+        """The stage measured before any cycle."""
+        return next((s for s in self.stages if s.cycle == 0), None)
 
 
 @dataclass(frozen=True)

@@ -12,21 +12,22 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specwake import __version__
 from specwake.errors import Interrupted
+from specwake.events import Event, Events
+from specwake.gate import OpenGate, PhaseGate
 from specwake.plan import redact_env
 from specwake.prepare import PreparedVariant
 from specwake.results import ScenarioResult, VariantResult
 from specwake.runfolder import write_run_files
 from specwake.scenario import Scenario
-from specwake.schedule import Job, OpenGate, PhaseGate, run_packed
+from specwake.schedule import Job, run_packed
 from specwake.variant_run import VariantRun
 from specwake.verdict import INCOMPLETE, decide_verdict
-
-Events = Callable[[str], None]
 
 
 def host_info() -> dict[str, Any]:
@@ -172,7 +173,7 @@ def _run_one(
     finally:
         run.close()
     final = run.result()
-    events(f"{run.name}: {final.outcome} (expected {final.expected})")
+    events(Event(f"{final.outcome} (expected {final.expected})", run.name))
 
 
 def _run_interleaved(runs: Sequence[VariantRun], save: Callable[[], object]) -> None:
@@ -189,7 +190,7 @@ def _run_interleaved(runs: Sequence[VariantRun], save: Callable[[], object]) -> 
 
 def _scoped(events: Events, scenario: str) -> Events:
     """Progress lines of a packed run name their scenario: `eagle3-eager/baseline: stage fresh`."""
-    return lambda message: events(f"{scenario}/{message}")
+    return lambda event: events(event.within(scenario))
 
 
 def _stop_when_cancelled(cancel: threading.Event, run: VariantRun) -> None:
@@ -198,8 +199,19 @@ def _stop_when_cancelled(cancel: threading.Event, run: VariantRun) -> None:
     run.server.stop()
 
 
+@dataclass(frozen=True)
+class Work:
+    """One scenario to run: its prepared variants, its run folder, and what an interrupted run already kept."""
+
+    scenario: Scenario
+    prepared: Sequence[PreparedVariant]
+    run_dir: Path
+    kept: Sequence[VariantResult] = ()
+    started_at: str | None = None
+
+
 def run_packed_scenarios(
-    work: Sequence[tuple[Scenario, Sequence[PreparedVariant], Path, Sequence[VariantResult], str | None]],
+    work: Sequence[Work],
     devices: Sequence[int],
     events: Events,
     shard: str | None = None,
@@ -208,23 +220,24 @@ def run_packed_scenarios(
 ) -> list[ScenarioResult]:
     """Every scenario × variant server on its own disjoint set of `devices`, as many at once as fit, largest TP
     first. On a GPU machine the devices are GPUs. With `cpu` they are CPU cores: servers start side by side, each
-    worker bound to its own cores, and every measurement runs alone (schedule.PhaseGate) so its tok/s is its own.
+    worker bound to its own cores, and every measurement runs alone (gate.PhaseGate) so its tok/s is its own.
 
     One server's crash never stops the others. On Ctrl-C every running server is stopped (not just abandoned)
     and every scenario keeps what it measured.
     """
     cancel = threading.Event()
     gate = PhaseGate(cancel) if cpu else OpenGate()
+    unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []
     jobs: list[Job] = []
     by_key: dict[str, tuple[Scenario, PreparedVariant, Path, int]] = {}
-    for index, (scenario, prepared, run_dir, kept, started_at) in enumerate(work):
+    for index, w in enumerate(work):
         mode = "overlapped" if cpu else "packed"
-        recorders.append(Recorder(scenario, run_dir, [], mode, kept, started_at, shard))
-        for prep in prepared:
-            key = f"{scenario.name}/{prep.variant.name}"
-            jobs.append(Job(key, scenario.server.tensor_parallel_size))
-            by_key[key] = (scenario, prep, run_dir, index)
+        recorders.append(Recorder(w.scenario, w.run_dir, [], mode, w.kept, w.started_at, shard))
+        for prep in w.prepared:
+            key = f"{w.scenario.name}/{prep.variant.name}"
+            jobs.append(Job(key, w.scenario.server.tensor_parallel_size))
+            by_key[key] = (w.scenario, prep, w.run_dir, index)
 
     def run_job(job: Job, got: tuple[int, ...]) -> VariantResult:
         scenario, prep, run_dir, index = by_key[job.key]
@@ -239,7 +252,7 @@ def run_packed_scenarios(
         return run.result()
 
     try:
-        run_packed(jobs, devices, run_job, on_event=events, cancel=cancel, unit="cores" if cpu else "GPUs")
+        run_packed(jobs, devices, run_job, on_event=lambda text: events(Event(text)), cancel=cancel, unit=unit)
     except BaseException:
         for recorder in recorders:
             recorder.save()

@@ -3,14 +3,13 @@ and a thread executor (`run_packed`) that runs the jobs for real, starting each 
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import math
 import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -201,31 +200,6 @@ def plan_schedule(jobs: Sequence[Job], gpus: Sequence[int]) -> list[Assignment]:
     return plan
 
 
-def makespan(assignments: Iterable[Assignment]) -> float:
-    """Seconds from the first start to the last end (0.0 for no assignments)."""
-    items = list(assignments)
-    return max(a.end for a in items) - min(a.start for a in items) if items else 0.0
-
-
-def lower_bound(jobs: Sequence[Job], n_gpus: int) -> float:
-    """No schedule can beat max(total GPU-seconds / n_gpus, longest job); CPU mode (0 GPUs): the sum."""
-    if not jobs:
-        return 0.0
-    if n_gpus <= 0:
-        return sum(job.est_seconds for job in jobs)
-    gpu_seconds = sum(job.gpus_needed * job.est_seconds for job in jobs)
-    return max(gpu_seconds / n_gpus, max(job.est_seconds for job in jobs))
-
-
-def utilisation(assignments: Iterable[Assignment], n_gpus: int) -> float:
-    """Busy GPU-seconds / (n_gpus x makespan), in [0, 1]; 0.0 when nothing ran or no GPUs."""
-    items = list(assignments)
-    span = makespan(items)
-    if n_gpus <= 0 or span <= 0:
-        return 0.0
-    return sum(len(a.gpus) * (a.end - a.start) for a in items) / (n_gpus * span)
-
-
 # ---------------------------------------------------------------------------------------------
 # Executor (threads)
 
@@ -341,67 +315,3 @@ def _finished(job: Job, seconds: float, outcome: object) -> str:
     lines = str(outcome).splitlines()
     reason = f"{type(outcome).__name__}: {lines[0]}" if lines else type(outcome).__name__
     return f"failed {job.key} after {seconds:.1f} s: {reason}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Phase gate: servers side by side on a CPU, each measurement alone
-
-
-class PhaseGate:
-    """Lets phases of servers running side by side share the machine, except measurements: a measurement holds
-    the gate alone (no other server starts, measures or cycles meanwhile, so its tok/s is its own), everything
-    else holds it shared. Waiting measurements go first: a steady stream of startups never starves them.
-    `cancel` (set when the run is interrupted) makes a waiting phase raise Interrupted instead of blocking."""
-
-    def __init__(self, cancel: threading.Event | None = None) -> None:
-        self._cond = threading.Condition()
-        self._shared = 0
-        self._exclusive = False
-        self._waiting_exclusive = 0
-        self._cancel = cancel
-
-    def _wait(self, ready: Callable[[], bool]) -> None:
-        while not ready():
-            if self._cancel is not None and self._cancel.is_set():
-                raise Interrupted("the run was cancelled while a phase waited for its turn")
-            self._cond.wait(_JOIN_POLL_S)
-
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            self._wait(lambda: not self._exclusive and not self._waiting_exclusive)
-            self._shared += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        with self._cond:
-            self._waiting_exclusive += 1
-            try:
-                self._wait(lambda: not self._exclusive and not self._shared)
-            finally:
-                self._waiting_exclusive -= 1
-            self._exclusive = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
-
-
-class OpenGate(PhaseGate):
-    """No waiting at all: servers that never share a machine's cores (one at a time, or on their own GPUs)."""
-
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        yield
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        yield

@@ -10,11 +10,9 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
 import httpx
@@ -38,6 +36,9 @@ class ServerSpec:
     log_path: Path
     startup_timeout_s: float
     host: str = "127.0.0.1"
+    # CPU cores the whole server is confined to (empty: no limit). Set right after launch, before the server
+    # starts any process or thread, so every process and thread of it inherits the limit.
+    cpus: tuple[int, ...] = ()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,9 +51,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def log_header(spec: ServerSpec, now: datetime) -> str:
     """The lines written to the log before the server's own output."""
     env = " ".join(f"{k}={v if v == REDACTED else shlex.quote(v)}" for k, v in sorted(redact_env(spec.env).items()))
-    return (
-        f"# specwake: server start {now.isoformat(timespec='milliseconds')}\n# argv: {shlex.join(spec.argv)}\n# env: {env}\n"
-    )
+    started = now.isoformat(timespec="milliseconds")
+    return f"# specwake: server start {started}\n# argv: {shlex.join(spec.argv)}\n# env: {env}\n"
 
 
 def describe_exit(code: int) -> str:
@@ -116,7 +116,7 @@ def group_rss_bytes(pgid: int) -> int | None:
 
 
 class Server:
-    """A server process group; ``with Server(spec) as s:`` starts it, waits ready, always stops."""
+    """A server process group: start() launches it, wait_ready() waits for /health, stop() always ends it."""
 
     def __init__(
         self,
@@ -124,16 +124,13 @@ class Server:
         *,
         poll_interval_s: float = 0.25,
         grace_s: float = 10.0,
-        on_output: Callable[[str], None] | None = None,
     ) -> None:
         self.spec = spec
         self.poll_interval_s = poll_interval_s
         self.grace_s = grace_s
-        self.on_output = on_output
         self.base_url = f"http://{spec.host}:{spec.port}"
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
-        self._read_pos = 0
         self._stopped = False
 
     @property
@@ -154,7 +151,6 @@ class Server:
         self._log_file = open(spec.log_path, "ab")  # closed in stop()
         self._log_file.write(log_header(spec, datetime.now(timezone.utc)).encode())
         self._log_file.flush()
-        self._read_pos = self._log_file.tell()
         try:
             self._proc = subprocess.Popen(
                 spec.argv,
@@ -168,6 +164,11 @@ class Server:
             self._log_file.close()
             self._log_file = None
             raise StartupFailed(f"cannot launch {spec.argv[0]!r}: {exc}") from exc
+        if spec.cpus:
+            try:
+                os.sched_setaffinity(self._proc.pid, spec.cpus)
+            except OSError as exc:  # gone already: wait_ready reports how it exited
+                log.warning("cannot confine server pid %d to cores %s: %s", self._proc.pid, spec.cpus, exc)
         log.info("started server pid %d on %s, log %s", self._proc.pid, self.base_url, spec.log_path)
 
     def wait_ready(self) -> float:
@@ -182,7 +183,6 @@ class Server:
         last = "no answer"
         with httpx.Client(trust_env=False) as client:
             while True:
-                self._forward_output()
                 code = proc.poll()
                 if code is not None:
                     waited = time.monotonic() - started
@@ -197,7 +197,6 @@ class Server:
                 try:
                     response = client.get(url, timeout=max(0.1, min(5.0, remaining)))
                     if response.status_code == 200:
-                        self._forward_output()
                         return time.monotonic() - started
                     last = f"HTTP {response.status_code}"
                 except httpx.TransportError as exc:
@@ -261,23 +260,6 @@ class Server:
                 self._log_file.close()
                 self._log_file = None
 
-    def __enter__(self) -> Server:
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def _require_proc(self) -> subprocess.Popen[bytes]:
         if self._proc is None:
             raise RuntimeError("server not started")
@@ -316,21 +298,6 @@ class Server:
                 log.warning("processes %s of group %d survived SIGKILL", survivors, pgid)
                 return
             time.sleep(0.05)
-
-    def _forward_output(self) -> None:
-        """Hand complete new log lines to on_output (if set)."""
-        if self.on_output is None:
-            return
-        try:
-            with open(self.spec.log_path, "rb") as fh:
-                fh.seek(self._read_pos)
-                data = fh.read()
-        except OSError:
-            return
-        complete = data[: data.rfind(b"\n") + 1]
-        self._read_pos += len(complete)
-        for line in complete.decode("utf-8", errors="replace").splitlines():
-            self.on_output(line)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

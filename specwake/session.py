@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specwake.errors import EXIT_PASS, InputError, ResultsUnwritable
+from specwake.events import Event, Events
 from specwake.hub import availability
-from specwake.junit import write_junit
 from specwake.models import is_builtin
 from specwake.prepare import (
     PreparedVariant,
@@ -24,6 +24,7 @@ from specwake.prepare import (
     require_runnable,
 )
 from specwake.report import render_markdown
+from specwake.report.junit import write_junit
 from specwake.results import ScenarioResult, VariantResult
 from specwake.runfolder import (
     LOGS,
@@ -34,13 +35,11 @@ from specwake.runfolder import (
     new_run_dir,
     scenario_results,
 )
-from specwake.runner import run_packed_scenarios, run_scenario
+from specwake.runner import Work, run_packed_scenarios, run_scenario
 from specwake.scenario import Overrides, Scenario, load_scenario
 from specwake.schedule import Job, parse_gpu_list, plan_schedule
 from specwake.shards import Shard, jobs_of, parse_shard
 from specwake.verdict import INCOMPLETE, exit_code
-
-Events = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def _previous(resume: Path, scenarios: Sequence[Scenario]) -> dict[str, Scenario
     found: dict[str, ScenarioResult] = {}
     for path in scenario_results(resume):
         result = load_result(path)
-        found[str(result.scenario.get("name"))] = result
+        found[result.name] = result
     for scenario in scenarios:
         old = found.get(scenario.name)
         if old is not None and old.scenario.get("sha256") != scenario.sha256:
@@ -148,38 +147,15 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
             note = f"shard {shard}: no jobs here ({len(jobs)} scenario × variant jobs over {shard.count} shards)"
             return RunOutcome([], None, "", EXIT_PASS, note)
         scenarios, prepared = [s for s, _ in active], [p for _, p in active]
-    on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
-    if on_gpu and gpus is not None:
+    if gpus is not None and any(p.engine.is_gpu for variants in prepared for p in variants):
         _refuse_invisible_gpus(gpus, _visible_gpus(prepared))
     root, dirs = _run_dirs(request, scenarios, shard)
-    events(f"results in {root}")
+    events(Event(f"results in {root}"))
     work = [
-        (s, p, d, _kept(previous.get(s.name)), _started(previous.get(s.name)))
+        Work(s, p, d, _kept(previous.get(s.name)), _started(previous.get(s.name)))
         for s, p, d in zip(scenarios, prepared, dirs, strict=True)
     ]
-    shard_text = str(shard) if shard else None
-    if on_gpu:
-        inventory = gpus if gpus is not None else _visible_gpus(prepared)
-        results = run_packed_scenarios(work, inventory, events, shard=shard_text)
-    elif not (request.interleave or request.sequential):
-        # Side by side on the CPU's cores: startups overlap, measurements take turns (see runner).
-        results = run_packed_scenarios(work, available_cpus(), events, shard=shard_text, cpu=True)
-    else:
-        results = []
-        for scenario, variants, folder in zip(scenarios, prepared, dirs, strict=True):
-            old = previous.get(scenario.name)
-            results.append(
-                run_scenario(
-                    scenario,
-                    variants,
-                    folder,
-                    events,
-                    interleave=request.interleave,
-                    kept=_kept(old),
-                    started_at=_started(old),
-                    shard=str(shard) if shard else None,
-                )  # fmt: skip
-            )
+    results = _run(request, work, gpus, str(shard) if shard else None, events)
     markdown = render_markdown(results)
     if len(scenarios) > 1:
         (root / REPORT_FILE).write_text(markdown)
@@ -187,6 +163,32 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
         write_junit(request.junit, results)
     _append_step_summary(markdown, events)
     return RunOutcome(results, root, markdown, exit_code([r.verdict for r in results]))
+
+
+def _run(
+    request: RunRequest, work: list[Work], gpus: tuple[int, ...] | None, shard: str | None, events: Events
+) -> list[ScenarioResult]:
+    """Run every scenario in the mode asked for: on GPUs packed, each server on its own GPUs; on CPU side by
+    side (each on its own cores, measurements alone) unless --sequential or --interleave."""
+    prepared = [w.prepared for w in work]
+    if any(p.engine.is_gpu for variants in prepared for p in variants):
+        inventory = gpus if gpus is not None else _visible_gpus(prepared)
+        return run_packed_scenarios(work, inventory, events, shard=shard)
+    if not (request.interleave or request.sequential):
+        return run_packed_scenarios(work, available_cpus(), events, shard=shard, cpu=True)
+    return [
+        run_scenario(
+            w.scenario,
+            w.prepared,
+            w.run_dir,
+            events,
+            interleave=request.interleave,
+            kept=w.kept,
+            started_at=w.started_at,
+            shard=shard,
+        )  # fmt: skip
+        for w in work
+    ]
 
 
 def _refuse_same_names(scenarios: Sequence[Scenario]) -> None:
@@ -232,7 +234,7 @@ def _append_step_summary(markdown: str, events: Events) -> None:
         with open(target, "a", encoding="utf-8") as handle:
             handle.write(markdown if markdown.endswith("\n") else markdown + "\n")
     except OSError as exc:
-        events(f"warning: GITHUB_STEP_SUMMARY not writable ({target}: {exc.strerror}); report.md has the report")
+        events(Event(f"warning: GITHUB_STEP_SUMMARY not writable ({target}: {exc.strerror}); report.md has the report"))
 
 
 @dataclass(frozen=True)

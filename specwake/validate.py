@@ -11,13 +11,13 @@ import hashlib
 import json
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from specwake.engine import EngineInfo, install_stamp
 from specwake.errors import ScenarioError
-from specwake.files import write_atomic
+from specwake.events import Event, Events
+from specwake.files import write_cache
 from specwake.models import builder_env
 from specwake.scenario import Scenario, Variant
 
@@ -58,10 +58,7 @@ def ask_engine(engine: EngineInfo, request: dict[str, Any], cache: Path | None) 
         return (proc.stderr.strip().splitlines() or ["no answer"])[-1]
     answer = json.loads(line.removeprefix(PREFIX))
     if cached is not None:
-        try:
-            write_atomic(cached, json.dumps(answer))
-        except OSError:
-            pass  # a cache that cannot be written only costs time
+        write_cache(cached, json.dumps(answer))
     return answer
 
 
@@ -89,10 +86,10 @@ def validate_variant(
     engine: EngineInfo,
     model: str,
     cache: Path | None,
-    events: Callable[[str], None],
+    events: Events,
 ) -> None:
     answer = ask_engine(engine, request_for(scenario, variant, model), cache)
     if isinstance(answer, str):
-        events(f"{variant.name}: vLLM could not check the scenario's keys and arguments ({answer}); going on")
+        events(Event(f"vLLM could not check the scenario's keys and arguments ({answer}); going on", variant.name))
         return
     check_answer(scenario, variant, answer)

@@ -4,7 +4,7 @@ phase k = L2 cycle k + its stage, close. Variants can so run one after another o
 
 from __future__ import annotations
 
-import os
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -20,35 +20,20 @@ from specwake.completions import Completer, Completion
 from specwake.crashes import OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
 from specwake.cycle import push_request, run_cycle
 from specwake.errors import Interrupted, ServerFault, StartupFailed
+from specwake.events import Event, Events
+from specwake.gate import OpenGate, PhaseGate
 from specwake.measure import Workload, run_stage, stage_name
 from specwake.plan import redact_env
-from specwake.prepare import PreparedVariant, plan_variant
+from specwake.prepare import PreparedVariant, check_imports, plan_variant
 from specwake.results import StageResult, StepResult, VariantResult
 from specwake.scenario import Scenario
-from specwake.schedule import OpenGate, PhaseGate
 from specwake.server import Server, ServerSpec, describe_exit, free_port
 from specwake.verdict import INCOMPLETE, decide_outcome, findings, outcome_matches, speed_rule
 from specwake.weights import restored
 
-Events = Callable[[str], None]
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result
 EXIT_SETTLE_S = 1.0  # after a fault, how long a dying server gets to be seen as exited
-
-
-def check_imports(prep: PreparedVariant, infos: list[Any]) -> str | None:
-    """Every worker must import vLLM from where the variant says: a patched variant from its overlay, any other
-    from the interpreter's installed package (a patched variant silently running stock vLLM would make every
-    verdict a lie). Returns an error text, or None."""
-    if prep.overlay is not None:
-        expected, what = prep.overlay.root / "vllm", "the overlay"
-    else:
-        expected, what = prep.engine.package_dir, "the installed package"
-    for rank, info in enumerate(infos):
-        file = str(info.get("vllm_file", "")) if isinstance(info, dict) else ""
-        if not file.startswith(str(expected) + os.sep):
-            return f"{prep.variant.name} worker {rank} imported vLLM from {file or '?'}, not {what} {expected}"
-    return None
 
 
 class VariantRun:
@@ -123,16 +108,22 @@ class VariantRun:
     def _plan_server(self, port: int) -> None:
         self.plan = plan_variant(self.scenario, self.prep, port, self.gpus, self.cores)
         timeout = self.scenario.server.startup_timeout_s
-        self.server = Server(ServerSpec(self.plan.argv, self.plan.env, port, self.log_path, timeout))
+        spec = ServerSpec(self.plan.argv, self.plan.env, port, self.log_path, timeout, cpus=self.cores)
+        self.server = Server(spec)
+
+    def _aside(self) -> contextlib.AbstractContextManager[None]:
+        """The gate for starting and stopping: none when the server is confined to cores of its own (its start
+        cannot slow a measurement on other cores), else a shared turn."""
+        return contextlib.nullcontext() if self.cores else self.gate.shared()
 
     def open(self) -> None:
         """Start the server, wait for /health, check it is ours and imports the right vLLM."""
-        with self.gate.shared():
+        with self._aside():
             self._open()
 
     def _open(self) -> None:
         self._plan_server(free_port())  # as late as possible: a port picked early may be taken meanwhile
-        self.events(f"{self.name}: starting server on 127.0.0.1:{self.plan.port} (log {self.log_path})")
+        self.say(f"starting server on 127.0.0.1:{self.plan.port} (log {self.log_path})")
         t0 = self.started = self.clock()
         try:
             self.server.start()
@@ -153,7 +144,7 @@ class VariantRun:
             self._fail(STARTUP_FAILED, str(exc), exc.log_tail)
             return
         self._timed("startup", self.clock() - t0)
-        self.events(f"{self.name}: server ready after {self.clock() - t0:.1f} s")
+        self.say(f"server ready after {self.clock() - t0:.1f} s")
         http = httpx.Client(base_url=self.server.base_url, trust_env=False)
         self.client, self.completer = VllmClient(http), Completer(http)
         try:
@@ -179,6 +170,15 @@ class VariantRun:
             self._fail(OVERLAY_NOT_USED, mismatch, self.server.log_tail(20))
 
     def close(self) -> None:
+        """Stop the server. Its shutdown waits for a running measurement to finish, unless the run is
+        cancelled: then it stops at once, turn or no turn."""
+        try:
+            with self._aside():
+                self._close()
+        except Interrupted:
+            self._close()
+
+    def _close(self) -> None:
         t0 = self.clock()
         self.server.stop()
         if self.client is not None:
@@ -195,7 +195,8 @@ class VariantRun:
             if index == 0:
                 with self.gate.exclusive():
                     self._stage(self.client, 0)
-                self._diagnose(self.client, 0, "after fresh")
+                with self.gate.shared():
+                    self._diagnose(self.client, 0, "after fresh")
             else:
                 with self.gate.shared():
                     self._cycle(self.client, index)
@@ -214,14 +215,14 @@ class VariantRun:
         )  # fmt: skip
         label = stage_name(cycle, self.prep.variant.level)
         self.phase = label
-        self.events(f"{self.name}: stage {label}")
+        self.say(f"stage {label}")
         fresh = self.stages[0] if cycle > 0 and self.stages else None
         t0 = self.clock()
         done: list[float] = []
 
         def on_request(completion: Completion) -> None:
             done.append(completion.tok_s)
-            self.events(f"{self.name}: {label}: request {len(done)}/{w.repeats}: {completion.tok_s:.1f} tok/s")
+            self.say(f"{label}: request {len(done)}/{w.repeats}: {completion.tok_s:.1f} tok/s")
 
         assert self.completer is not None
         result, completions = run_stage(
@@ -233,7 +234,7 @@ class VariantRun:
         self._timed("measurement", self.clock() - t0)
         self.stages.append(result)
         al = "–" if result.acceptance_length is None else f"{result.acceptance_length:.2f}"
-        self.events(f"{self.name}: {label}: AL {al}, {result.tok_s_median or 0:.1f} tok/s (median)")
+        self.say(f"{label}: AL {al}, {result.tok_s_median or 0:.1f} tok/s (median)")
 
     def _diagnose(self, client: VllmClient, cycle: int, point: str) -> None:
         t0 = self.clock()
@@ -246,7 +247,7 @@ class VariantRun:
         level, variant = self.prep.variant.level, self.prep.variant
         push = push_request(variant.push_to, dict(variant.push_scale)) if self._pushing else None
         self.phase = f"L{level} cycle #{k}"
-        self.events(f"{self.name}: L{level} cycle #{k}")
+        self.say(f"L{level} cycle #{k}")
         self._diagnose(client, k, "before sleep")
 
         def after_step(step: StepResult) -> None:
@@ -289,12 +290,14 @@ class VariantRun:
         self.crash_lines, self.first_error = crash.lines, crash.first_error
         self._fail(crash.cls, f"{crash.reason}: {message}", self.server.log_tail(LOG_EXCERPT_LINES))
 
+    def say(self, text: str) -> None:
+        """One progress event about this variant's server."""
+        self.events(Event(text, self.name))
+
     def _fail(self, crash_class: str, error: str, excerpt: str | None) -> None:
         """Record what went wrong; verdict.decide_outcome turns the class into `error` or `crash`."""
         self.crash_class, self.error, self.excerpt = crash_class, error, excerpt
-        self.events(
-            f"{self.name}: failed ({crash_class}) during {self.phase}: {error.splitlines()[0] if error else ''}"
-        )
+        self.say(f"failed ({crash_class}) during {self.phase}: {error.splitlines()[0] if error else ''}")
 
     def result(self) -> VariantResult:
         """The variant's result so far; outcome `incomplete` while phases remain (partial result files)."""

@@ -1,40 +1,28 @@
 """Shared pytest fixtures for specwake's tests.
 
-Sections: process-leak check (servers started through specwake.server must leave nothing). The /proc
-scans and the real-engine gate themselves live in tests/procs.py, shared with the end-to-end modules.
+Sections: process-leak check (servers started through specwake.server must leave nothing); the fake engine
+(tests/fakeengine.py) of the CLI-level modules. The /proc scans, `assert_no_leftover_processes` and the
+real-engine gate themselves live in tests/procs.py, shared with the end-to-end modules: import helpers from
+there (or tests/fakeengine.py, tests/builders.py), never from this file.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.procs import leftover_processes
-
-__all__ = ["assert_no_leftover_processes", "leak_check", "leftover_processes"]
+from tests.fakeengine import FakeEngine, kill_survivors, make_fake_engine
+from tests.procs import assert_no_leftover_processes
 
 # --------------------------------------------------------------------------------------------
 # Process-leak check
 #
 # Independent of specwake.server on purpose: it reads /proc itself (tests/procs.py), so a bug in the
 # code under test cannot hide its own leak. Use `pytestmark = pytest.mark.usefixtures("leak_check")` in a
-# test module, or call `assert_no_leftover_processes(pgids)` directly.
+# test module, or call `tests.procs.assert_no_leftover_processes(pgids)` directly.
 # --------------------------------------------------------------------------------------------
-
-
-def assert_no_leftover_processes(pgids: Iterable[int]) -> None:
-    """Fail if any process group in ``pgids`` still has a live member; SIGKILL those first."""
-    pgids = list(pgids)
-    leftovers = leftover_processes(pgids)
-    for pid, *_ in leftovers:
-        try:
-            os.kill(pid, signal.SIGKILL)  # never leak onto the shared machine, even on failure
-        except ProcessLookupError:
-            pass
-    assert not leftovers, f"processes left running (pid, pgid, state, name): {leftovers}"
 
 
 @pytest.fixture
@@ -53,3 +41,19 @@ def leak_check(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     monkeypatch.setattr(server.Server, "start", recording_start)
     yield pgids
     assert_no_leftover_processes(pgids)
+
+
+# --------------------------------------------------------------------------------------------
+# Fake engine
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngine]:
+    """A fake engine under tmp_path; after the test nothing it started may still run (killed and reported
+    otherwise). In-process CLI calls get the private cache tmp_path/cache, the one `run_cli`/`cli_env` pass to
+    subprocesses, so a test's cache is the same whichever way it runs specwake."""
+    monkeypatch.setenv("SPECWAKE_CACHE", str(tmp_path / "cache"))
+    fake = make_fake_engine(tmp_path)
+    yield fake
+    assert kill_survivors(fake) == [], "a server started by specwake survived the test"

@@ -1,8 +1,9 @@
 """A throwaway fake "interpreter with vLLM" for driving the real specwake CLI against fake servers in seconds.
 
 `make_fake_engine(tmp)` writes `bin/python` (execs this Python with a tiny fake `vllm` package on PYTHONPATH)
-whose `vllm.entrypoints.openai.api_server` runs tests/fake_server.py and records each server's life (start, exit,
-CUDA_VISIBLE_DEVICES); FAKE_VLLM_PLATFORM=cuda makes it a GPU machine. Helpers write scenarios, find survivors.
+whose `vllm.entrypoints.openai.api_server` runs tests/fake_api_server.py: it records each server's life (start,
+exit, CUDA_VISIBLE_DEVICES) and serves tests/fake_server.py; FAKE_VLLM_PLATFORM=cuda makes it a GPU machine.
+Helpers write scenarios, find survivors.
 """
 
 from __future__ import annotations
@@ -38,56 +39,15 @@ FIX_DIFF = f"""\
 +RELOADS_DRAFT = True
 """
 
-_API_SERVER = '''\
-"""Fake `vllm.entrypoints.openai.api_server`: accept vLLM's flags, serve tests/fake_server.py."""
-import argparse, atexit, json, os, shlex, signal, sys, time
+# The fake vLLM's server entry point: tests/fake_api_server.py, found through the tests folder on sys.path.
+_API_SERVER = """\
+import os, sys
 
-from vllm import drafter_reload
+sys.path.insert(0, os.environ["FAKE_ENGINE_TESTS"])
+import fake_api_server
 
-import hashlib
-token = os.environ.get("HF_TOKEN")
-token_sha = hashlib.sha256(token.encode()).hexdigest() if token is not None else "-"
-with open({launches!r}, "a") as fh:
-    fh.write(f"{{os.getpid()}} {{time.time()}} hf_token_sha256={{token_sha}} {{shlex.join(sys.argv[1:])}}\\n")
-
-
-def lifecycle(event, **fields):
-    """One JSON line per start / exit of this server (O_APPEND: lines of servers running at once never mix)."""
-    line = json.dumps({{"event": event, "pid": os.getpid(), "t": time.time(), **fields}}) + "\\n"
-    fd = os.open({servers!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
-def on_sigterm(signum, frame):
-    lifecycle("exit", how="SIGTERM")
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)  # die of the signal, exactly as without this handler
-
-
-try:
-    log = os.readlink("/proc/self/fd/1")  # specwake sends our output to logs/<variant>.log of the scenario
-except OSError:
-    log = None
-lifecycle("start", cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), log=log, argv=sys.argv[1:])
-signal.signal(signal.SIGTERM, on_sigterm)  # fake_server's --ignore-sigterm replaces it, as it should
-atexit.register(lifecycle, "exit", how="exit")
-parser = argparse.ArgumentParser()
-parser.add_argument("--host", required=True)
-parser.add_argument("--port", type=int, required=True)
-parser.add_argument("--model", required=True)
-known, _ignored = parser.parse_known_args()  # --dtype, --speculative-config, --seed, ... mean nothing here
-sys.path.insert(0, {tests!r})
-import fake_server
-
-argv = ["--host", known.host, "--port", str(known.port), "--model", known.model]
-argv += ["--mode", os.environ.get("FAKE_VLLM_MODE", "ready")]
-argv += ["--al-after", "4.0" if drafter_reload.RELOADS_DRAFT else "1.0"]
-argv += shlex.split(os.environ.get("FAKE_VLLM_ARGS", ""))
-fake_server.main(argv)
-'''
+fake_api_server.main()
+"""
 
 # FAKE_VLLM_PLATFORM=cuda in the environment of specwake (its probe runs with it) makes the fake engine a
 # CUDA machine with FAKE_VLLM_GPUS devices (default 4) and real sleep mode; anything else: CPU, no sleep mode.
@@ -126,6 +86,7 @@ class ServerSpan:
     gpus: tuple[int, ...] | None  # from CUDA_VISIBLE_DEVICES; None when unset
     log: Path | None
     how: str | None  # "SIGTERM" or "exit"
+    cpus: tuple[int, ...] = ()  # the CPU cores the server was allowed to run on
 
     @property
     def key(self) -> str:
@@ -149,9 +110,8 @@ def parse_spans(lines: list[str]) -> list[ServerSpan]:
         end = exits.get(pid, {})
         devices = rec.get("cuda_visible_devices")
         gpus = tuple(int(g) for g in devices.split(",") if g) if devices is not None else None
-        spans.append(
-            ServerSpan(pid, rec["t"], end.get("t"), gpus, Path(rec["log"]) if rec.get("log") else None, end.get("how"))
-        )
+        log = Path(rec["log"]) if rec.get("log") else None
+        spans.append(ServerSpan(pid, rec["t"], end.get("t"), gpus, log, end.get("how"), tuple(rec.get("cpus", ()))))
     return sorted(spans, key=lambda span: span.start)
 
 
@@ -201,9 +161,7 @@ def make_fake_engine(tmp: Path) -> FakeEngine:
         "platforms/__init__.py": _PLATFORMS,
         "entrypoints/__init__.py": "",
         "entrypoints/openai/__init__.py": "",
-        "entrypoints/openai/api_server.py": _API_SERVER.format(
-            launches=str(launches), servers=str(root / "servers.jsonl"), tests=str(TESTS)
-        ),
+        "entrypoints/openai/api_server.py": _API_SERVER,
     }
     for rel, text in files.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +171,7 @@ def make_fake_engine(tmp: Path) -> FakeEngine:
     python.write_text(
         "#!/bin/sh\n"
         f'echo "$*" >> {root / "invocations.log"}\n'
-        f"export {MARK_NAME}={mark} PYTHONDONTWRITEBYTECODE=1\n"
+        f"export {MARK_NAME}={mark} PYTHONDONTWRITEBYTECODE=1 FAKE_ENGINE_ROOT={root} FAKE_ENGINE_TESTS={TESTS}\n"
         f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}"\n'
         f'exec {sys.executable} "$@"\n'
     )

@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from specwake.server import Server
 
 REQUIRE_ENV = "SPECWAKE_REQUIRE_VLLM"
 SERVER_MARK = "VLLM_SPECWAKE_TEST_MARK"  # set in specwake's env; VLLM_* passes its allow-list to every server
@@ -70,6 +74,18 @@ def leftover_processes(pgids: Iterable[int]) -> list[tuple[int, int, str, str]]:
     return [(pid, pgid, state, name) for pid, name, state, pgid in _stats() if pgid in wanted and state != "Z"]
 
 
+def assert_no_leftover_processes(pgids: Iterable[int]) -> None:
+    """Fail if any process group in ``pgids`` still has a live member; SIGKILL those first."""
+    pgids = list(pgids)
+    leftovers = leftover_processes(pgids)
+    for pid, *_ in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)  # never leak onto the shared machine, even on failure
+        except ProcessLookupError:
+            pass
+    assert not leftovers, f"processes left running (pid, pgid, state, name): {leftovers}"
+
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -95,3 +111,14 @@ def run_scenario_cli(scenario: str | list[str], out: Path, timeout: float) -> di
 
 def variant_of(run: dict[str, Any], name: str) -> dict[str, Any]:
     return next(v for v in run["result"]["variants"] if v["name"] == name)
+
+
+@contextlib.contextmanager
+def running(server: Server) -> Iterator[Server]:
+    """Start `server`, wait until it is ready, and always stop it (also when startup fails)."""
+    try:
+        server.start()
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

@@ -1,4 +1,4 @@
-"""Tests of specwake.compare: crafted OLD/NEW pairs built from the sample result with dataclasses.replace.
+"""Tests of specwake.report.compare: crafted OLD/NEW pairs built from the sample result with dataclasses.replace.
 
 Covers AL regressions and improvements, tok/s calls, scenario sha checks, missing keys, path lookup.
 """
@@ -6,11 +6,11 @@ Covers AL regressions and improvements, tok/s calls, scenario sha checks, missin
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from specwake.compare import (
+from specwake.errors import InputError
+from specwake.report.compare import (
     OUTCOME_STAGE,
     Comparison,
     Row,
@@ -21,16 +21,10 @@ from specwake.compare import (
     render_comparison_markdown,
     settings_differences,
 )
-from specwake.errors import InputError
 from specwake.results import ScenarioResult, StageResult, VariantResult
-from specwake.runfolder import load_result
+from tests.builders import sample_result as base
 
-SAMPLE = Path(__file__).parent / "data" / "result-v1-sample.json"
 STEADY = [40.0, 40.5, 41.0, 40.25, 40.75]  # tight tok/s samples
-
-
-def base() -> ScenarioResult:
-    return load_result(SAMPLE)
 
 
 def set_stage(result: ScenarioResult, variant: str, stage: str, **changes: object) -> ScenarioResult:

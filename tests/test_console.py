@@ -7,7 +7,8 @@ import io
 import pytest
 from rich.console import Console
 
-from specwake.console import Ui, split_event
+from specwake.console import Ui
+from specwake.events import Event
 
 
 def capture(ui: Ui) -> io.StringIO:
@@ -16,18 +17,19 @@ def capture(ui: Ui) -> io.StringIO:
     return buffer
 
 
-def test_split_event() -> None:
-    assert split_event("baseline: stage fresh") == ("baseline", "stage fresh")
-    assert split_event("tiny-cpu/patched: L2 cycle #1") == ("tiny-cpu/patched", "L2 cycle #1")
-    assert split_event("probing vLLM in /x: y") == (None, "probing vLLM in /x: y")
+def test_an_event_reads_as_source_and_text_and_names_its_scenario_in_a_packed_run() -> None:
+    assert str(Event("stage fresh", "baseline")) == "baseline: stage fresh"
+    assert str(Event("stage fresh", "baseline").within("tiny-cpu")) == "tiny-cpu/baseline: stage fresh"
+    assert str(Event("probing vLLM in /x: y")) == "probing vLLM in /x: y"
+    assert Event("results in /r").within("tiny-cpu").source is None  # a run-wide line stays run-wide
 
 
 def test_plain_lines_when_not_a_terminal() -> None:
     ui = Ui(live=False)
     out = capture(ui)
     with ui:
-        ui.event("baseline: stage fresh")
-        ui.event("results in /tmp/x")
+        ui.event(Event("stage fresh", "baseline"))
+        ui.event(Event("results in /tmp/x"))
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[0].endswith("baseline: stage fresh") and lines[0].startswith("[")
 
@@ -36,7 +38,7 @@ def test_quiet_prints_no_progress_but_errors(capsys: pytest.CaptureFixture[str])
     ui = Ui(quiet=True, live=False)
     out = capture(ui)
     with ui:
-        ui.event("baseline: stage fresh")
+        ui.event(Event("stage fresh", "baseline"))
         ui.note("a note")
         ui.error("bad thing")
     assert out.getvalue().strip() == "error: bad thing"
@@ -47,9 +49,9 @@ def test_live_table_keeps_one_row_per_server() -> None:
     out = io.StringIO()
     ui.err = Console(file=out, force_terminal=True, width=120)
     with ui:
-        ui.event("baseline: stage fresh")
-        ui.event("baseline: fresh: request 1/3: 512.0 tok/s")
-        ui.event("patched: starting server")
+        ui.event(Event("stage fresh", "baseline"))
+        ui.event(Event("fresh: request 1/3: 512.0 tok/s", "baseline"))
+        ui.event(Event("starting server", "patched"))
     assert list(ui._rows) == ["baseline", "patched"]
     assert ui._rows["baseline"][0] == "fresh: request 1/3: 512.0 tok/s"
     assert "512.0 tok/s" in out.getvalue()

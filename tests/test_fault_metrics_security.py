@@ -10,19 +10,11 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.fakeengine import FakeEngine, kill_survivors, make_fake_engine, one_run_dir, run_cli, scenario_text
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[FakeEngine]:
-    fake = make_fake_engine(tmp_path)
-    yield fake
-    assert kill_survivors(fake) == [], "a server started by specwake survived the test"
+from tests.fakeengine import FakeEngine, one_run_dir, run_cli, scenario_text
 
 
 def run(engine: FakeEngine, tmp: Path, text: str, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:

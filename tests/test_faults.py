@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,12 @@ from specwake.runfolder import load_result
 from tests.fakeengine import (
     FAKE_SERVER,
     FakeEngine,
-    kill_survivors,
-    make_fake_engine,
     one_run_dir,
     run_cli,
     scenario_text,
 )
 
 BOTH = {"baseline": "collapse", "patched": "recover"}
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[FakeEngine]:
-    """A fake engine; after the test nothing it started may still run (killed and reported otherwise)."""
-    fake = make_fake_engine(tmp_path)
-    yield fake
-    assert kill_survivors(fake) == [], "a server started by specwake survived the test"
 
 
 def fault(when: str, action: str) -> dict[str, str]:

@@ -1,18 +1,18 @@
 """Hostile and malformed input through the CLI: each case exits 2 with one line naming file and key, and
-launches nothing (the fake engine records every server start). Reuses tests/test_scenario.py's BAD table.
+launches nothing (the fake engine records every server start). Shares the BAD scenario table with test_scenario.py
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from specwake.cli import app
-from tests.fakeengine import FakeEngine, kill_survivors, make_fake_engine, scenario_text
-from tests.test_scenario import BAD, MINIMAL
+from tests.fakeengine import FakeEngine, scenario_text
+from tests.scenario_texts import BAD, MINIMAL
 
 Case = Callable[[Path, FakeEngine], tuple[list[str], str, str]]  # → (argv after `run`, where, phrase)
 
@@ -111,6 +111,7 @@ NEW_CASES: dict[str, Case] = {
     "--gpus reversed": _flag_case(["--gpus", "7-0"], "--gpus", "7-0"),
     "--variant unknown": _flag_case(["--variant", "nope"], "--variant", "no variant 'nope'"),
     "--patch missing": _flag_case(["--patch", "@TMP@/none.diff"], "--patch", "file not found"),
+    "two run modes": _flag_case(["--interleave", "--sequential"], "--interleave, --sequential", "choose one"),
     "--resume not a folder": _flag_case(["--resume", "@TMP@/none"], "--resume", "not a run folder"),
 }
 
@@ -142,14 +143,6 @@ CASES = {
     f"scenario_test[{i}] {key}": _scenario_case(text.replace("[server]", "[server]"), key, phrase)
     for i, (text, key, phrase) in enumerate(BAD)
 } | NEW_CASES
-
-
-@pytest.fixture
-def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngine]:
-    monkeypatch.setenv("SPECWAKE_CACHE", str(tmp_path / "cache"))
-    fake = make_fake_engine(tmp_path)
-    yield fake
-    assert kill_survivors(fake) == []
 
 
 def test_the_table_is_big_enough() -> None:

@@ -6,6 +6,7 @@ turns) and `--sequential` (one server at a time).
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,12 @@ def test_run_modes_start_servers_and_order_phases_as_named(tmp_path: Path, mode:
     assert leftover_processes(span.pid for span in spans.values()) == []
     both_up = spans["baseline"].overlaps(spans["patched"])
     assert both_up is (mode != "sequential")
+    everywhere = tuple(sorted(os.sched_getaffinity(0)))
+    if mode == "overlapped" and len(everywhere) > 1:  # each server confined to a core of its own
+        assert all(len(span.cpus) == 1 for span in spans.values()), spans
+        assert spans["baseline"].cpus != spans["patched"].cpus
+    else:
+        assert all(span.cpus == everywhere for span in spans.values()), spans
 
     each = ["stage fresh"] + [f"L2 cycle #{k}" for k in range(1, CYCLES + 1)]
     started = phases(proc.stderr)

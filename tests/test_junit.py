@@ -1,4 +1,4 @@
-"""Tests of specwake.junit: the XML parses back with the standard structure, counts and messages.
+"""Tests of specwake.report.junit: the XML parses back with the standard structure, counts and messages.
 
 Results are the sample result.json plus variants changed here with dataclasses.replace.
 """
@@ -12,15 +12,9 @@ from pathlib import Path
 import pytest
 
 from specwake.errors import ResultsUnwritable
-from specwake.junit import render_junit, write_junit
+from specwake.report.junit import render_junit, write_junit
 from specwake.results import ScenarioResult, VariantResult
-from specwake.runfolder import load_result
-
-SAMPLE = Path(__file__).parent / "data" / "result-v1-sample.json"
-
-
-def sample() -> ScenarioResult:
-    return load_result(SAMPLE)
+from tests.builders import sample_result as sample
 
 
 def with_variants(result: ScenarioResult, *variants: VariantResult, name: str | None = None) -> ScenarioResult:

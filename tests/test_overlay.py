@@ -271,10 +271,10 @@ def test_parser_follows_hunk_counts_and_git_extensions():
         "-x = 1\n"
     )
     info = parse_patch(body.encode(), "p.diff")
-    assert [(f.old_path, f.new_path, f.hunk_lines) for f in info.files] == [
-        ("vllm/q.sql", "vllm/q.sql", (1,)),
-        ("vllm/café.py", "vllm/new name.py", ()),
-        ("vllm/gone.py", None, (1,)),
+    assert [(f.old_path, f.new_path) for f in info.files] == [
+        ("vllm/q.sql", "vllm/q.sql"),
+        ("vllm/café.py", "vllm/new name.py"),
+        ("vllm/gone.py", None),
     ]
     assert info.patched_files == ("vllm/gone.py", "vllm/new name.py", "vllm/q.sql")
 
@@ -283,6 +283,63 @@ def test_rename_across_package_boundary_is_rejected():
     body = "diff --git a/vllm/a.py b/tests/a.py\nrename from vllm/a.py\nrename to tests/a.py\n"
     with pytest.raises(PatchError, match="across the vllm/ boundary"):
         parse_patch(body.encode(), "p.diff")
+
+
+def test_file_deleted_then_created_again_keeps_both_sides_apart():
+    body = udiff("vllm/sub/deep.py", "Y = 2\n", None) + udiff("vllm/sub/deep.py", None, "Y = 4\n")
+    info = parse_patch(body.encode(), "p.diff")
+    assert [(f.old_path, f.new_path) for f in info.files] == [("vllm/sub/deep.py", None), (None, "vllm/sub/deep.py")]
+    assert info.patched_files == ("vllm/sub/deep.py",)
+
+
+def test_rename_source_is_copied_before_git_reads_it(tmp_path, package):
+    body = (
+        "diff --git a/vllm/mod.py b/vllm/moved.py\n"
+        "similarity index 100%\n"
+        "rename from vllm/mod.py\n"
+        "rename to vllm/moved.py\n"
+    )
+    ov = build_overlay(write(tmp_path, body), package, "0.32.0", tmp_path / "cache")
+    assert ov.patched_files == ("vllm/moved.py",)
+    assert (ov.root / "vllm" / "moved.py").read_text() == MOD
+    assert not (ov.root / "vllm" / "mod.py").exists() and (package / "mod.py").read_text() == MOD
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("diff --git a//etc/passwd b//etc/passwd\nnew file mode 100644\n", "absolute path '/etc/passwd'"),
+        (
+            "diff --git a/vllm/l b/vllm/l\nnew file mode 120000\nindex 0000000..1111111\n"
+            "--- /dev/null\n+++ b/vllm/l\n@@ -0,0 +1 @@\n+/etc\n\\ No newline at end of file\n",
+            "symlinks in a patch are not supported",
+        ),
+        ("Binary files a/vllm/x.bin and b/vllm/x.bin differ\n", "binary patch"),
+    ],
+)
+def test_more_unsupported_diffs_are_rejected(tmp_path, text, reason):
+    diff = write(tmp_path, text)
+    with pytest.raises(PatchError, match=reason) as err:
+        inspect_patch(diff)
+    assert str(err.value).startswith(f"{diff}: ") and "\n" not in str(err.value)
+
+
+def test_inspect_ignores_the_git_checkout_it_runs_in(tmp_path, monkeypatch):
+    repo = tmp_path / "checkout"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, capture_output=True)
+    (repo / ".git" / "config").write_text("[apply\n\tthis is not git config\n")  # git dies on it
+    (repo / "docs").mkdir()
+    monkeypatch.chdir(repo / "docs")  # in a repository subfolder git would also filter paths by it
+    info = inspect_patch(write(tmp_path, GOOD_DIFF))
+    assert info.patched_files == ("vllm/mod.py", "vllm/newfile.py", "vllm/sub/deep.py")
+
+
+def test_first_failing_hunk_is_named_when_several_fail(tmp_path, package):
+    changed = MOD.replace('"stock"', '"patched"').replace("return 10", "return 11")
+    text = udiff("vllm/mod.py", MOD, changed).replace(" def g():", " def h():").replace(" def f():", " def F():")
+    diff = write(tmp_path, text)
+    with pytest.raises(PatchError, match=r"x\.diff: vllm/mod\.py: hunk #1 at line 4 does not apply \(tried"):
+        build_overlay(diff, package, "0.32.0", tmp_path / "cache")
 
 
 def test_finished_overlay_is_reused_without_applying(tmp_path, package, monkeypatch):

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -88,13 +87,6 @@ def packed_run(engine: FakeEngine, tmp: Path, paths: list[Path], *flags: str) ->
     proc = run_cli(["run", *map(str, paths), "--output", str(out), *flags], tmp / "cache", timeout=120, **CUDA)
     leftovers = kill_survivors(engine)
     return Run(proc, one_run_dir(out), engine.servers(), leftovers)
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[FakeEngine]:
-    fake = make_fake_engine(tmp_path)
-    yield fake
-    assert kill_survivors(fake) == [], "a server started by specwake survived the test"
 
 
 # -- one packed run of three scenarios, inspected by several tests -------------------------------------

@@ -1,4 +1,4 @@
-"""schedule.PhaseGate with real threads: measurements alone, everything else side by side, waiting measurements
+"""gate.PhaseGate with real threads: measurements alone, everything else side by side, waiting measurements
 first, and a cancelled run never left blocked."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 
 from specwake.errors import Interrupted
-from specwake.schedule import PhaseGate
+from specwake.gate import PhaseGate
 
 WAIT_S = 5.0  # generous bound for one thread to reach a point; a deadlock fails the test instead of hanging
 

@@ -1,4 +1,4 @@
-"""Tests of specwake.plot: a real PNG is written (header, size, one panel per scenario) and the drawn data.
+"""Tests of specwake.report.plot: a real PNG is written (header, size, one panel per scenario) and the drawn data.
 
 Needs matplotlib (the `plot` extra, part of `dev`); the missing-matplotlib error is tested by hiding it.
 """
@@ -16,8 +16,8 @@ import matplotlib  # noqa: F401  (the dev extra installs it: a missing plotter f
 import pytest
 
 from specwake.errors import InputError, ResultsUnwritable
-from specwake.plot import DPI, MISSING_MATPLOTLIB, PANEL_HEIGHT_IN, build_figure, render_plot
-from tests.test_report import graphed_gpu, tiny_cpu
+from specwake.report.plot import DPI, MISSING_MATPLOTLIB, PANEL_HEIGHT_IN, build_figure, render_plot
+from tests.builders import graphed_gpu, tiny_cpu
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -95,7 +95,7 @@ def test_no_results_and_unwritable_target(tmp_path: Path) -> None:
 
 
 def test_tpot_and_rss_panels_draw_what_was_measured() -> None:
-    from specwake.plot import rss_series, tpot_series
+    from specwake.report.plot import rss_series, tpot_series
     from specwake.results import StepResult
 
     variant = tiny_cpu().variants[1]

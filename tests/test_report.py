@@ -17,170 +17,23 @@ import pandas as pd
 import pytest
 
 from specwake.errors import InputError, ResultsUnwritable
-from specwake.report import (
-    EMULATED_NOTE,
-    RESET_NOTE,
-    STAGE_COLUMNS,
-    provenance_line,
-    render_csv,
-    render_json,
-    render_markdown,
-    stages_frame,
-)
-from specwake.results import SCHEMA, ScenarioResult, StageResult, StepResult, VariantResult, from_dict
+from specwake.report import STAGE_COLUMNS, provenance_line, render_csv, render_json, render_markdown, stages_frame
+from specwake.report.summary import EMULATED_NOTE, RESET_NOTE
+from specwake.results import SCHEMA, StepResult, VariantResult, from_dict
 from specwake.runfolder import load_result, write_run_files
 from specwake.stats import ratio
+from tests.builders import (
+    PATCH_SHA,
+    SAMPLE,
+    SCENARIO_SHA,
+    graphed_gpu,
+    measured_stage,
+    reported_variant,
+    scenario,
+    tiny_cpu,
+)
 
-DATA = Path(__file__).parent / "data"
-GOLDEN = DATA / "golden-report.md"
-SAMPLE_V1 = DATA / "result-v1-sample.json"
-PATCH_SHA = "3f2a9c1b0d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8"
-SCENARIO_SHA = "9a8b7c6d5e4f30211203a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5"
-
-
-def _fingerprint(draft_zero: int) -> list[dict]:
-    draft = {"present": True, "tensors": 15, "all_zero": draft_zero, "on_meta": 0, "empty": 0}
-    return [{"target": {"present": True, "tensors": 15, "all_zero": 0, "on_meta": 0}, "draft": draft}]
-
-
-DIAGNOSTICS = [
-    {"cycle": 1, "point": "before sleep", "memory": [{"device": "cpu", "free_bytes": None}]},
-    {"cycle": 1, "point": "after reload_weights", "fingerprints": _fingerprint(7)},
-]
-
-
-def _stage(cycle: int, drafts: int, accepted: int, tok_s: list[float], match: bool | None):
-    k = 3
-    return StageResult(
-        name="fresh" if cycle == 0 else f"after L2 #{cycle}",
-        cycle=cycle,
-        acceptance_length=1 + accepted / drafts if drafts else None,
-        num_drafts=drafts,
-        num_draft_tokens=drafts * k,
-        num_accepted_tokens=accepted,
-        per_position=[accepted / drafts / k] * k if drafts else [],
-        tok_s=tok_s,
-        tok_s_median=sorted(tok_s)[len(tok_s) // 2] if tok_s else None,
-        completion_tokens=[64] * len(tok_s),
-        outputs=["The quick brown fox"] * len(tok_s),
-        outputs_match_fresh=match,
-    )
-
-
-def _variant(name: str, outcome: str, expected: str, stages: list[StageResult], **kw):
-    base = VariantResult(
-        name=name,
-        outcome=outcome,
-        expected=expected,
-        matched=outcome != "error" and expected in ("any", outcome),
-        platform="cpu",
-        l2_discard="emulated",
-        vllm_version="0.32.0",
-        vllm_file="/venv/lib/python3.11/site-packages/vllm/__init__.py",
-        python="/venv/bin/python",
-        patch=None,
-        patch_sha256=None,
-        overlay=None,
-        command=["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"],
-        env={"VLLM_SERVER_DEV_MODE": "1"},
-        stages=stages,
-        steps=[
-            StepResult(1, "sleep", "POST", "/sleep?level=2", 200, 0.12, True, None, None),
-            StepResult(1, "discard", "POST", "/collective_rpc", 200, 0.05, True, None, {"n": 2}),
-        ],
-        info={"device": "cpu", "gpus": [], "crash_lines": [], "timings": {"startup": 30.25, "measurement": 7.5}},
-        seconds=61.5,
-        diagnostics=DIAGNOSTICS,
-    )
-    return replace(base, **kw)
-
-
-def _scenario(name: str, verdict: str, variants: list[VariantResult]) -> ScenarioResult:
-    return ScenarioResult(
-        scenario={
-            "name": name,
-            "file": f"scenarios/{name}.toml",
-            "sha256": SCENARIO_SHA,
-            "settings": {
-                "server": {"model": "builtin:tiny-llama", "tensor_parallel_size": 1, "enforce_eager": True},
-                "speculative": {"method": "draft_model", "num_speculative_tokens": 3},
-                "workload": {"repeats": 3, "max_tokens": 64},
-                "cycle": {"level": 2, "count": 2},
-                "expect": {"tolerance": 0.05, "min_speedup_recovery": 0.9},
-            },
-            "mode": "sequential",
-        },
-        verdict=verdict,
-        started_at="2025-06-01T12:00:00Z",
-        finished_at="2025-06-01T12:04:10Z",
-        host={"hostname": "ci-runner", "platform": "Linux-x86_64", "python": "3.11.7"},
-        variants=variants,
-        specwake_version="0.1.0",
-    )
-
-
-def tiny_cpu() -> ScenarioResult:
-    """A passing run: baseline collapses, patched recovers (both with the emulated discard)."""
-    baseline = _variant(
-        "baseline",
-        "collapse",
-        "collapse",
-        [
-            _stage(0, 64, 192, [41.25, 40.5, 42.0], None),
-            _stage(1, 192, 0, [15.5, 15.25, 15.75], True),
-            _stage(2, 192, 0, [15.0, 15.5, 15.25], True),
-        ],
-    )
-    patched = _variant(
-        "patched",
-        "recover",
-        "recover",
-        [
-            _stage(0, 64, 192, [41.0, 40.75, 42.5], None),
-            _stage(1, 64, 192, [40.25, 41.5, 40.0], True),
-            _stage(2, 65, 190, [39.5, 40.0, 41.0], True),
-        ],
-        patch="patches/draft-reload.diff",
-        patch_sha256=PATCH_SHA,
-        overlay="/cache/specwake/overlays/3f2a9c1b",
-    )
-    return _scenario("tiny-cpu", "pass", [baseline, patched])
-
-
-def graphed_gpu() -> ScenarioResult:
-    """A run with a crash after partial measurement, an unready server and awkward text."""
-    crashed = _variant(
-        "baseline",
-        "crash",
-        "crash",
-        [_stage(0, 50, 110, [88.0], None)],
-        platform="cuda",
-        l2_discard="native",
-        crash_class="step_failed",
-        error="POST /wake_up?tags=kv_cache answered 500: <html> error page",
-        log_path="results/run/logs/baseline.log",
-        log_excerpt="RuntimeError: CUDA error: an illegal memory access\n```inner fence```",
-        info={"gpus": [0, 1], "crash_lines": ["RuntimeError: CUDA error: an illegal memory access"]},
-        diagnostics=[],
-    )
-    unready = _variant(
-        "patched|v2",
-        "error",
-        "recover",
-        [],
-        platform="cuda",
-        l2_discard="native",
-        vllm_version=None,
-        crash_class="startup_failed",
-        error="server exited with code 1 before /health answered",
-        log_excerpt="ImportError: cannot import name 'X'",
-        patch_sha256=PATCH_SHA,
-        info={"gpus": [2, 3], "crash_lines": [], "timings": {"startup": 12.0}},
-        diagnostics=[],
-    )
-    return _scenario("eagle3-graphed", "error", [crashed, unready])
-
-
+GOLDEN = Path(__file__).parent / "data" / "golden-report.md"
 # ------------------------------------------------------------ Markdown
 
 
@@ -253,14 +106,15 @@ def test_stage_table_has_stable_widths_and_stage_order() -> None:
 
 
 def _speed_variant(fresh: list[float], after: list[float]) -> VariantResult:
-    return _variant("v", "recover", "recover", [_stage(0, 64, 192, fresh, None), _stage(1, 64, 192, after, True)])
+    stages = [measured_stage(0, 64, 192, fresh, None), measured_stage(1, 64, 192, after, True)]
+    return reported_variant("v", "recover", "recover", stages)
 
 
 def test_speed_line_says_the_pooled_call_and_whether_it_counts() -> None:
     fresh = [100.0, 101.0, 99.0, 100.5, 100.2]
-    halved = [_stage(c, 64, 192, [x / 2 for x in fresh], True) for c in (1, 2)]
-    lost = _variant("v", "degraded", "recover", [_stage(0, 64, 192, fresh, None), *halved])
-    explicit = _scenario("s", "fail", [lost])
+    halved = [measured_stage(c, 64, 192, [x / 2 for x in fresh], True) for c in (1, 2)]
+    lost = reported_variant("v", "degraded", "recover", [measured_stage(0, 64, 192, fresh, None), *halved])
+    explicit = scenario("s", "fail", [lost])
     text = render_markdown([explicit])
     assert "tok/s after the cycles: 0.50× fresh (5 vs 10 requests): **lost** — below 0.90× fresh" in text
     assert "counts: set by the scenario (expect.min_speedup_recovery), threshold 0.90× fresh" in text
@@ -443,8 +297,8 @@ def test_write_run_files_unwritable_folder(tmp_path: Path) -> None:
 
 
 def test_old_sample_result_still_loads() -> None:
-    raw = json.loads(SAMPLE_V1.read_text(encoding="utf-8"))
-    result = load_result(SAMPLE_V1)
+    raw = json.loads(SAMPLE.read_text(encoding="utf-8"))
+    result = load_result(SAMPLE)
     assert result.schema == raw["schema"] == SCHEMA
     assert result.verdict == raw["verdict"]
     assert [v.name for v in result.variants] == [v["name"] for v in raw["variants"]]
@@ -477,7 +331,7 @@ def test_load_bad_json(tmp_path: Path) -> None:
 
 
 def test_load_unknown_schema(tmp_path: Path) -> None:
-    data = json.loads(SAMPLE_V1.read_text(encoding="utf-8")) | {"schema": "specwake.result/99"}
+    data = json.loads(SAMPLE.read_text(encoding="utf-8")) | {"schema": "specwake.result/99"}
     path = tmp_path / "result.json"
     path.write_text(json.dumps(data), encoding="utf-8")
     assert "specwake.result/99" in _error_for(path)

@@ -5,25 +5,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from specwake.report_cycles import cost_table, drift_line, ledger, logprob_line, prefix_cache_line
-from specwake.results import StageResult, StepResult, VariantResult
+from specwake.report.cycles import cost_table, drift_line, ledger, logprob_line, prefix_cache_line
+from specwake.results import StageResult, StepResult
 from specwake.verdict import MIB
+from tests import builders
 
-BASE = VariantResult(
-    name="patched", outcome="recover", expected="recover", matched=True, platform="cpu", l2_discard="emulated",
-    vllm_version="0.32.0", vllm_file=None, python="/py", patch=None, patch_sha256=None, overlay=None, command=[],
-    env={},
-)  # fmt: skip
+BASE = builders.variant("patched", "recover", "recover")
 
 
 def stage(cycle: int, **kw: object) -> StageResult:
-    base = StageResult(
-        name="fresh" if cycle == 0 else f"after L2 #{cycle}", cycle=cycle, acceptance_length=4.0, num_drafts=10,
-        num_draft_tokens=30, num_accepted_tokens=30, per_position=[1.0] * 3, tok_s=[100.0], tok_s_median=100.0,
-        completion_tokens=[40], outputs=["x"], outputs_match_fresh=None if cycle == 0 else True,
-        tpot=[0.004], first_request_ttft=0.05, prefix_cached=0, prefix_cached_repeat=256,
-    )  # fmt: skip
-    return replace(base, **kw)  # type: ignore[arg-type]
+    """AL 4.00 (10 drafts, all 30 tokens accepted), 100 tok/s, TPOT 4 ms, a clean prefix cache after the wake."""
+    cycles = {"tpot": [0.004], "first_request_ttft": 0.05, "prefix_cached": 0, "prefix_cached_repeat": 256}
+    return builders.stage(cycle, drafts=10, accepted=30, tok_s=[100.0], tokens=40, **(cycles | kw))
 
 
 def steps(cycles: int, rss_step_mib: float = 0.0) -> list[StepResult]:

@@ -16,21 +16,20 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.bench_schedule import lower_bound, makespan, utilisation
 from specwake.errors import Interrupted, StartupFailed
 from specwake.schedule import (
     Assignment,
     Job,
     choose_gpus,
     contiguous_runs,
-    lower_bound,
-    makespan,
     parse_gpu_list,
     plan_schedule,
     priority,
     run_packed,
-    utilisation,
 )
 from specwake.server import Server, ServerSpec, free_port
+from tests.procs import running
 
 FAKE_SERVER = Path(__file__).with_name("fake_server.py")
 EPS = 1e-9
@@ -371,7 +370,7 @@ class FakeFleet:
             startup_timeout_s=30.0,
         )
         launched = time.monotonic()
-        with Server(spec, poll_interval_s=0.05, grace_s=5.0) as server:
+        with running(Server(spec, poll_interval_s=0.05, grace_s=5.0)) as server:
             ready = time.monotonic()
             status = httpx.get(f"{server.base_url}/health", timeout=10).status_code
             if job.key in self.barriers:

@@ -23,7 +23,7 @@ from specwake.server import (
     redact_env,
     tail_lines,
 )
-from tests.conftest import assert_no_leftover_processes, leftover_processes
+from tests.procs import assert_no_leftover_processes, leftover_processes, running
 
 pytestmark = pytest.mark.usefixtures("leak_check")
 
@@ -47,7 +47,7 @@ def fast(spec: ServerSpec, **kw: float) -> Server:
 
 def test_ready_server_answers_and_stop_leaves_nothing(tmp_path: Path) -> None:
     spec = fake_spec(tmp_path, "--spawn-child", "--model", "tiny")
-    with fast(spec) as server:
+    with running(fast(spec)) as server:
         assert server.base_url == f"http://127.0.0.1:{spec.port}"
         assert server.alive()
         assert httpx.get(f"{server.base_url}/health").status_code == 200
@@ -64,7 +64,7 @@ def test_never_ready_times_out_naming_url_seconds_and_log(tmp_path: Path) -> Non
     spec = fake_spec(tmp_path, "--mode", "never-ready", "--spawn-child", timeout=3.0)  # time to answer 503 once
     server = fast(spec)
     with pytest.raises(StartupFailed) as info:
-        with server:
+        with running(server):
             pytest.fail("a never-ready server must not enter the with block")
     message = str(info.value)
     assert "seconds" in message
@@ -81,8 +81,8 @@ def test_never_ready_times_out_naming_url_seconds_and_log(tmp_path: Path) -> Non
 def test_exit_early_fails_promptly_with_log_tail(tmp_path: Path) -> None:
     spec = fake_spec(tmp_path, "--mode", "exit-early", "--spawn-child", timeout=600.0)
     server = fast(spec)
-    with pytest.raises(StartupFailed) as info:
-        server.__enter__()
+    with pytest.raises(StartupFailed) as info, running(server):
+        pass
     assert "exited with code 1 before ready" in str(info.value)
     assert "RuntimeError: Engine core initialization failed" in info.value.log_tail
     assert server.returncode() == 1
@@ -92,7 +92,7 @@ def test_exit_early_fails_promptly_with_log_tail(tmp_path: Path) -> None:
 
 def test_sigterm_ignored_escalates_to_sigkill(tmp_path: Path) -> None:
     spec = fake_spec(tmp_path, "--ignore-sigterm", "--spawn-child")
-    with Server(spec, poll_interval_s=0.05, grace_s=0.5) as server:
+    with running(Server(spec, poll_interval_s=0.05, grace_s=0.5)) as server:
         pgid = server.pgid
     assert server.returncode() == -signal.SIGKILL
     assert pgid is not None
@@ -101,7 +101,7 @@ def test_sigterm_ignored_escalates_to_sigkill(tmp_path: Path) -> None:
 
 def test_child_surviving_sigterm_is_killed(tmp_path: Path) -> None:
     spec = fake_spec(tmp_path, "--child-ignore-sigterm", "--spawn-child")
-    with Server(spec, poll_interval_s=0.05, grace_s=0.5) as server:
+    with running(Server(spec, poll_interval_s=0.05, grace_s=0.5)) as server:
         pgid = server.pgid
     assert server.returncode() == -signal.SIGTERM  # the leader itself went politely
     assert pgid is not None
@@ -112,7 +112,7 @@ def test_child_surviving_sigterm_is_killed(tmp_path: Path) -> None:
 def test_exception_in_with_block_stops_server_and_propagates(tmp_path: Path, error: BaseException) -> None:
     server = fast(fake_spec(tmp_path, "--spawn-child"))
     with pytest.raises(type(error)):
-        with server:
+        with running(server):
             raise error
     assert not server.alive()
     assert server.pgid is not None
@@ -132,16 +132,15 @@ def test_stop_is_idempotent(tmp_path: Path) -> None:
 
 def test_log_has_header_redacted_env_and_appends(tmp_path: Path) -> None:
     spec = fake_spec(tmp_path, HF_TOKEN="hf_verysecret", VLLM_CPU_KVCACHE_SPACE="1")
-    seen: list[str] = []
     for _ in range(2):
-        with Server(spec, poll_interval_s=0.05, on_output=seen.append):
+        with running(Server(spec, poll_interval_s=0.05)):
             pass
     text = spec.log_path.read_text()
     assert text.count("# specwake: server start") == 2
     assert f"--port {spec.port}" in text
     assert "HF_TOKEN=***" in text and "hf_verysecret" not in text
     assert "VLLM_CPU_KVCACHE_SPACE=1" in text
-    assert any("Starting vLLM API server" in line for line in seen)
+    assert "Starting vLLM API server" in text  # the server's own output follows each header
 
 
 def test_missing_executable_is_startup_failed(tmp_path: Path) -> None:
@@ -154,7 +153,7 @@ def test_missing_executable_is_startup_failed(tmp_path: Path) -> None:
         startup_timeout_s=1.0,
     )
     with pytest.raises(StartupFailed, match="cannot launch"):
-        with fast(spec):
+        with running(fast(spec)):
             pass
 
 
@@ -190,7 +189,7 @@ def spec_counters(metrics: str) -> dict[str, float]:
 def test_fake_server_acceptance_collapses_after_discard(tmp_path: Path) -> None:
     """The fake's counters give AL = --al-fresh before a discard and --al-after after it."""
     spec = fake_spec(tmp_path, "--k", "3", "--al-fresh", "4", "--al-after", "1", "--engines", "2")
-    with fast(spec) as server, httpx.Client(base_url=server.base_url) as http:
+    with running(fast(spec)) as server, httpx.Client(base_url=server.base_url) as http:
 
         def measured_al() -> tuple[float, str]:
             before = spec_counters(http.get("/metrics").text)
@@ -217,7 +216,7 @@ def test_fake_server_acceptance_collapses_after_discard(tmp_path: Path) -> None:
 
 def test_fake_server_crash_on_reload_dies_with_cuda_message(tmp_path: Path) -> None:
     spec = fake_spec(tmp_path, "--mode", "crash-on-reload")
-    with fast(spec) as server:
+    with running(fast(spec)) as server:
         with pytest.raises(httpx.TransportError):
             httpx.post(f"{server.base_url}/collective_rpc", json={"method": "reload_weights"})
         while server.alive():  # the pytest-timeout guards against a hang here

@@ -29,26 +29,15 @@ from specwake.verdict import (
     outcome_matches,
     speed_rule,
 )
+from tests import builders
 
 TOL = 0.05
 
 
 def stage(cycle: int, al: float | None, drafts: int = 100, k: int = 3) -> StageResult:
+    """AL exactly `al` (the accepted count rounded to match), no per-position rates."""
     accepted = round(((al or 1.0) - 1.0) * drafts)
-    return StageResult(
-        name="fresh" if cycle == 0 else f"after L2 #{cycle}",
-        cycle=cycle,
-        acceptance_length=al,
-        num_drafts=drafts,
-        num_draft_tokens=drafts * k,
-        num_accepted_tokens=accepted,
-        per_position=[],
-        tok_s=[10.0],
-        tok_s_median=10.0,
-        completion_tokens=[32],
-        outputs=["x"],
-        outputs_match_fresh=None if cycle == 0 else True,
-    )
+    return builders.stage(cycle, drafts=drafts, accepted=accepted, k=k, acceptance_length=al, per_position=[])
 
 
 def outcome(stages: list[StageResult], **kw: object) -> str:
@@ -56,24 +45,8 @@ def outcome(stages: list[StageResult], **kw: object) -> str:
 
 
 def variant(outcome_: str, stages: list[StageResult], **kw: object) -> VariantResult:
-    base = VariantResult(
-        name="baseline",
-        outcome=outcome_,
-        expected="any",
-        matched=True,
-        platform="cpu",
-        l2_discard="emulated",
-        vllm_version="0.32.0",
-        vllm_file=None,
-        python="/usr/bin/python3",
-        patch=None,
-        patch_sha256=None,
-        overlay=None,
-        command=[],
-        env={},
-        stages=stages,
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    """The baseline, expecting any outcome and marked as matched (even an error) unless `matched` is given."""
+    return builders.variant(outcome=outcome_, stages=stages, **({"matched": True} | kw))
 
 
 # ------------------------------------------------------------ decide_outcome

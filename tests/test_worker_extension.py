@@ -188,17 +188,17 @@ def test_packed_cpu_weights_are_discarded_until_a_reload_replaces_them(fill: str
 
 def test_a_push_scale_naming_no_pushed_tensor_fails_the_push(monkeypatch: pytest.MonkeyPatch) -> None:
     """A typo in push_scale would push unperturbed weights and judge a 'perturbed' push on them."""
-    from specwake.worker import extension
+    from specwake.worker import push
 
     pushed: list[tuple[str, float]] = []
 
     def push_target(runner: Any, scale: dict[str, float], seen: list[str]) -> str:
         # what the real push does with the checkpoint: stream it through `scaled`
         checkpoint = iter([("model.embed.weight", torch.ones(2)), ("lm_head.weight", torch.ones(2))])
-        pushed.extend((name, float(t.sum())) for name, t in extension.scaled(checkpoint, scale, seen))
+        pushed.extend((name, float(t.sum())) for name, t in push.scaled(checkpoint, scale, seen))
         return "pushed"
 
-    monkeypatch.setattr(extension, "push_target", push_target)
+    monkeypatch.setattr(push, "push_target", push_target)
     worker = Worker()
     answer = worker.specwake_push('{"to": ["target"], "scale": {"lm_head.weight": 3.0}}')
     assert answer == {"pushed": {"target": "pushed"}, "scaled": ["lm_head.weight"]}

@@ -208,60 +208,6 @@ def packed_state(model: torch.nn.Module | None) -> tuple[int, int]:
     return len(present), sum(1 for fn in present if getattr(fn, PACKED_MARK, False))
 
 
-def scaled(weights: Iterator[tuple[str, torch.Tensor]], scale: dict[str, float], seen: list[str]) -> Iterator:
-    """The checkpoint's (name, tensor) pairs, those named in `scale` multiplied by their factor (`seen` lists them)."""
-    for name, tensor in weights:
-        factor = scale.get(name)
-        if factor is not None:
-            seen.append(name)
-            tensor = tensor * factor
-        yield name, tensor
-
-
-def push_draft(runner: Any, scale: dict[str, float], seen: list[str]) -> str:
-    """Push the drafter's checkpoint tensors into the live drafter through vLLM's layerwise lifecycle (a plain
-    load_weights fails on CPU, where weights were repacked after the first load)."""
-    from vllm.model_executor.model_loader import get_model_loader
-    from vllm.model_executor.model_loader.reload.layerwise import (
-        finalize_layerwise_reload,
-        initialize_layerwise_reload,
-    )
-
-    config = runner.vllm_config
-    draft, spec = find_draft(runner), config.speculative_config
-    if draft is None or spec is None or spec.draft_model_config is None:
-        return "no separate drafter"
-    try:
-        from vllm.model_executor.model_loader.utils import get_draft_load_config
-
-        load_config = get_draft_load_config(config)
-    except ImportError:
-        load_config = config.load_config
-    weights = _all_weights(get_model_loader(load_config))(spec.draft_model_config, draft)
-    load_weights: Any = draft.load_weights
-    initialize_layerwise_reload(draft)
-    load_weights(scaled(weights, scale, seen))
-    finalize_layerwise_reload(draft, spec.draft_model_config)
-    return "pushed"
-
-
-def _all_weights(loader: Any) -> Any:
-    get_all = getattr(loader, "get_all_weights", None)
-    if get_all is None:
-        raise NotImplementedError(f"{type(loader).__name__} cannot iterate a checkpoint's tensors to push them")
-    return get_all
-
-
-def push_target(runner: Any, scale: dict[str, float], seen: list[str]) -> str:
-    """Push the target's checkpoint tensors as an RL trainer does: reload_weights(weights_iterator=...)."""
-    from vllm.model_executor.model_loader import get_model_loader
-
-    config = runner.vllm_config
-    weights = _all_weights(get_model_loader(config.load_config))(config.model_config, runner.get_model())
-    runner.reload_weights(weights_iterator=scaled(weights, scale, seen))
-    return "pushed"
-
-
 class SpecwakeWorkerExtension:
     """Mixed into vLLM's worker class; ``self`` is the worker (has ``model_runner``)."""
 
@@ -339,15 +285,17 @@ class SpecwakeWorkerExtension:
         live models through load_weights, not reload_weights from disk. `request` is JSON, as /collective_rpc
         passes strings: {"to": ["target"] | ["target", "draft"], "scale": {tensor name: factor}}. The drafter
         goes first, the target last, so modules they share end up with the target's tensors."""
+        from specwake.worker import push  # imports this module: a top-level import would be circular
+
         spec = json.loads(request)
         to, scale = list(spec.get("to") or ["target"]), dict(spec.get("scale") or {})
         runner = self._specwake_runner()
         seen: list[str] = []
         done = {}
         if "draft" in to:
-            done["draft"] = push_draft(runner, scale, seen)
+            done["draft"] = push.push_draft(runner, scale, seen)
         if "target" in to:
-            done["target"] = push_target(runner, scale, seen)
+            done["target"] = push.push_target(runner, scale, seen)
         unmatched = sorted(set(scale) - set(seen))
         if unmatched:  # a typo would otherwise push unperturbed weights and judge a perturbed push on them
             raise ValueError(f"push_scale names no pushed tensor: {', '.join(unmatched)}")

@@ -19,57 +19,18 @@ from typing import Any
 import torch
 
 from specwake.worker.bigram import Weights, same, successor
+from specwake.worker.tiny_llama import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, LAYER_SHAPES, LAYERS, llama_config
 from specwake.worker.tokenizer import MAX_POSITIONS, VOCAB_SIZE, special_ids
 
 Checkpoint = tuple[dict[str, Any], dict[str, torch.Tensor]]
 
-HIDDEN = 128
-HEADS = 2
-HEAD_DIM = 64
-INTERMEDIATE = 256
-LAYERS = 2
-
-
-def _llama_config(architecture: str, model_type: str, **extra: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "architectures": [architecture],
-        "model_type": model_type,
-        "hidden_size": HIDDEN,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": HEADS,
-        "head_dim": HEAD_DIM,
-        "num_hidden_layers": LAYERS,
-        "intermediate_size": INTERMEDIATE,
-        "hidden_act": "silu",
-        "max_position_embeddings": MAX_POSITIONS,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "vocab_size": VOCAB_SIZE,
-        **special_ids(),
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": "float32",
-    }
-    config.update(extra)
-    return config
-
 
 def _llama_layer(w: Weights, prefix: str, *, qkv_bias: bool = False) -> dict[str, torch.Tensor]:
     """A Llama/Qwen2 decoder layer whose every path is noise: it passes its residual through ≈ unchanged."""
-    inner = HEADS * HEAD_DIM
-    shapes = {
-        "self_attn.q_proj": (inner, HIDDEN),
-        "self_attn.k_proj": (inner, HIDDEN),
-        "self_attn.v_proj": (inner, HIDDEN),
-        "self_attn.o_proj": (HIDDEN, inner),
-        "mlp.gate_proj": (INTERMEDIATE, HIDDEN),
-        "mlp.up_proj": (INTERMEDIATE, HIDDEN),
-        "mlp.down_proj": (HIDDEN, INTERMEDIATE),
-    }
-    layer = {f"{prefix}.{name}.weight": w.noise(*shape) for name, shape in shapes.items()}
+    layer = {f"{prefix}.{name}.weight": w.noise(*shape) for name, shape in LAYER_SHAPES.items()}
     if qkv_bias:
-        layer.update({f"{prefix}.self_attn.{p}.bias": w.noise(inner) for p in ("q_proj", "k_proj", "v_proj")})
+        for p in ("q_proj", "k_proj", "v_proj"):
+            layer[f"{prefix}.self_attn.{p}.bias"] = w.noise(HEADS * HEAD_DIM)
     layer[f"{prefix}.input_layernorm.weight"] = w.ones(HIDDEN)
     layer[f"{prefix}.post_attention_layernorm.weight"] = w.ones(HIDDEN)
     return layer
@@ -89,7 +50,7 @@ def _bigram_body(w: Weights, *, qkv_bias: bool = False) -> dict[str, torch.Tenso
 
 def bigram_llama(name: str) -> Checkpoint:
     """The EAGLE3 family's target."""
-    return _llama_config("LlamaForCausalLM", "llama"), _bigram_body(Weights(name))
+    return llama_config("LlamaForCausalLM", "llama"), _bigram_body(Weights(name))
 
 
 def bigram_llama_eagle3(name: str) -> Checkpoint:
@@ -98,7 +59,7 @@ def bigram_llama_eagle3(name: str) -> Checkpoint:
     draft step; the drafter's own lm_head reads the code as is, so step k proposes x_t+k+1 exactly."""
     w = Weights(name)
     inner = HEADS * HEAD_DIM
-    config = _llama_config(
+    config = llama_config(
         "LlamaForCausalLMEagle3",
         "llama",
         num_hidden_layers=1,
@@ -130,7 +91,7 @@ def bigram_mimo_mtp(name: str) -> Checkpoint:
     [hidden | embed(y)], its block passes it through, and the target's own lm_head turns code(y) into the
     successor: each draft step predicts what the target would say after the token it was given."""
     w = Weights(name)
-    config = _llama_config(
+    config = llama_config(
         "MiMoForCausalLM",
         "qwen2",
         num_nextn_predict_layers=1,

@@ -18,13 +18,24 @@ HEADS = 2
 HEAD_DIM = 64
 LAYERS = 2
 INTERMEDIATE = 256
+# The linear layers of one decoder layer, in the order their weights are drawn: (out, in) features.
+LAYER_SHAPES = {
+    "self_attn.q_proj": (HEADS * HEAD_DIM, HIDDEN),
+    "self_attn.k_proj": (HEADS * HEAD_DIM, HIDDEN),
+    "self_attn.v_proj": (HEADS * HEAD_DIM, HIDDEN),
+    "self_attn.o_proj": (HIDDEN, HEADS * HEAD_DIM),
+    "mlp.gate_proj": (INTERMEDIATE, HIDDEN),
+    "mlp.up_proj": (INTERMEDIATE, HIDDEN),
+    "mlp.down_proj": (HIDDEN, INTERMEDIATE),
+}
 PRINTABLE_IDS = slice(32, 127)  # token id == byte value; ASCII ' ' .. '~'
 
 
-def model_config() -> dict[str, Any]:
+def llama_config(architecture: str = "LlamaForCausalLM", model_type: str = "llama", **extra: Any) -> dict[str, Any]:
+    """The tiny Llama shape every builtin model shares (config.json); `extra` adds or overrides keys."""
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [architecture],
+        "model_type": model_type,
         "hidden_size": HIDDEN,
         "num_attention_heads": HEADS,
         "num_key_value_heads": HEADS,
@@ -41,6 +52,7 @@ def model_config() -> dict[str, Any]:
         "attention_bias": False,
         "mlp_bias": False,
         "torch_dtype": "float32",
+        **extra,
     }
 
 
@@ -51,20 +63,10 @@ def _normal(gen: torch.Generator, shape: tuple[int, ...], std: float) -> torch.T
 def model_weights(seed: int = SEED) -> dict[str, torch.Tensor]:
     """Seeded weights; scales keep activations O(1) so greedy logits have clear winners."""
     gen = torch.Generator().manual_seed(seed)
-    inner = HEADS * HEAD_DIM
     weights = {"model.embed_tokens.weight": _normal(gen, (VOCAB_SIZE, HIDDEN), 1.0)}
     for i in range(LAYERS):
         p = f"model.layers.{i}"
-        shapes = {
-            "self_attn.q_proj": (inner, HIDDEN),
-            "self_attn.k_proj": (inner, HIDDEN),
-            "self_attn.v_proj": (inner, HIDDEN),
-            "self_attn.o_proj": (HIDDEN, inner),
-            "mlp.gate_proj": (INTERMEDIATE, HIDDEN),
-            "mlp.up_proj": (INTERMEDIATE, HIDDEN),
-            "mlp.down_proj": (HIDDEN, INTERMEDIATE),
-        }
-        for name, shape in shapes.items():
+        for name, shape in LAYER_SHAPES.items():
             weights[f"{p}.{name}.weight"] = _normal(gen, shape, shape[1] ** -0.5)
         weights[f"{p}.input_layernorm.weight"] = torch.ones(HIDDEN)
         weights[f"{p}.post_attention_layernorm.weight"] = torch.ones(HIDDEN)
@@ -78,4 +80,4 @@ def model_weights(seed: int = SEED) -> dict[str, torch.Tensor]:
 
 
 def checkpoint() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    return model_config(), model_weights()
+    return llama_config(), model_weights()

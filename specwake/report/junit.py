@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specwake.errors import ResultsUnwritable
 from specwake.files import write_atomic
-from specwake.markdown import num
+from specwake.report.markdown import num
 from specwake.results import ScenarioResult, StageResult, VariantResult
 from specwake.verdict import INCOMPLETE, explain, recorded_tolerance
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specwake.errors import InputError, ResultsUnwritable
-from specwake.results import ScenarioResult, StageResult, VariantResult
+from specwake.results import ScenarioResult, VariantResult
 from specwake.stats import summarize
 from specwake.verdict import MIB, rss_after_wake
 
@@ -28,22 +28,18 @@ SPREAD = 0.08  # horizontal offset between variants' tok/s error bars, in stage 
 NAN = float("nan")
 
 
-def _stages(variant: VariantResult) -> list[StageResult]:
-    return sorted(variant.stages, key=lambda s: s.cycle)
-
-
 def stage_labels(result: ScenarioResult) -> dict[int, str]:
     """Cycle number → stage name, over every variant, in cycle order (first name seen wins)."""
     labels: dict[int, str] = {}
     for variant in result.variants:
-        for stage in _stages(variant):
+        for stage in variant.stages_by_cycle:
             labels.setdefault(stage.cycle, stage.name)
     return dict(sorted(labels.items()))
 
 
 def al_series(variant: VariantResult) -> tuple[list[int], list[float]]:
     """(cycles, AL) of a variant; a stage without drafts is NaN (a gap in the line)."""
-    stages = _stages(variant)
+    stages = variant.stages_by_cycle
     als = [NAN if s.acceptance_length is None else s.acceptance_length for s in stages]
     return [s.cycle for s in stages], als
 
@@ -51,7 +47,7 @@ def al_series(variant: VariantResult) -> tuple[list[int], list[float]]:
 def toks_series(variant: VariantResult) -> tuple[list[int], list[float], list[float], list[float]]:
     """(cycles, median, distance down to CI low, distance up to CI high) of tok/s; no bar with < 2 samples."""
     cycles, medians, down, up = [], [], [], []
-    for stage in _stages(variant):
+    for stage in variant.stages_by_cycle:
         s = summarize(stage.tok_s)
         if s.median is None:
             continue
@@ -69,7 +65,7 @@ def _label(variant: VariantResult) -> str:
 
 
 def _title(result: ScenarioResult) -> str:
-    name = str(result.scenario.get("name") or "unnamed")
+    name = result.name
     emulated = any(v.l2_discard == "emulated" for v in result.variants)
     return f"{name} — {result.verdict.upper()}" + (" (L2 discard emulated)" if emulated else "")
 
@@ -112,7 +108,7 @@ def _draw_toks(ax: Axes, result: ScenarioResult, colors: Sequence[Any]) -> None:
 def tpot_series(variant: VariantResult) -> tuple[list[int], list[float]]:
     """(cycles, median time per output token in ms) of the stages that measured it."""
     cycles, medians = [], []
-    for stage in _stages(variant):
+    for stage in variant.stages_by_cycle:
         known = [t for t in stage.tpot if t is not None]
         if known:
             cycles.append(stage.cycle)

@@ -5,12 +5,25 @@ Pure string functions; nothing here knows about results.
 
 from __future__ import annotations
 
+from specwake.stats import Ratio
+
 MISSING = "–"
 SHORT_SHA = 12
 
 
-def num(value: float | None, digits: int) -> str:
-    return MISSING if value is None else f"{value:.{digits}f}"
+def num(value: float | None, digits: int, *, sign: bool = False) -> str:
+    if value is None:
+        return MISSING
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+
+
+def ratio_cell(r: Ratio | None) -> str:
+    """`0.98 [0.91, 1.04]`: a ratio with its interval, or `(no CI)` where the samples allow none."""
+    if r is None or r.value is None:
+        return MISSING
+    if r.ci_low is None or r.ci_high is None:
+        return f"{r.value:.2f} (no CI)"
+    return f"{r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
 
 
 def inline(text: str) -> str:

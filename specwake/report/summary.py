@@ -1,19 +1,17 @@
-"""Renderers of finished runs: the PR-comment Markdown, JSON and a per-stage pandas frame (stages.csv)."""
+"""The PR-comment Markdown of finished runs: verdict line, scenario × variant matrix, a stage table per scenario,
+one line per variant saying why, and the provenance footer."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
-
-from specwake.markdown import MISSING, cell, inline, num, short_sha
-from specwake.report_cycles import cost_table, drift_line, logprob_line, prefix_cache_line
-from specwake.report_details import details
-from specwake.results import ScenarioResult, StageResult, VariantResult, to_dict
-from specwake.stats import Ratio, Summary, ratio, summarize
+from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
+from specwake.report.details import details
+from specwake.report.markdown import MISSING, cell, inline, num, ratio_cell, short_sha
+from specwake.report.rows import Row, after_samples, stage_rows
+from specwake.results import ScenarioResult, VariantResult
+from specwake.stats import Summary, ratio, summarize
 from specwake.verdict import (
     INCOMPLETE,
     SpeedRule,
@@ -45,48 +43,8 @@ TABLE_SPEC = (
     ("1st TTFT ms", "---:", 11),
     ("outputs = fresh", ":---:", 15),
 )
-STAGE_COLUMNS = tuple(
-    """
-    scenario variant outcome expected stage cycle acceptance_length num_drafts num_draft_tokens
-    num_accepted_tokens acceptance_rate per_position requests tok_s_median tok_s_min tok_s_max
-    outputs_match_fresh counters_reset tok_s_ci_low tok_s_ci_high tok_s_vs_fresh tok_s_vs_fresh_low
-    tok_s_vs_fresh_high
-    """.split()
-)
 _VERDICT_RANK = {"pass": 0, "error": 1, "fail": 2}
 _VERDICT_ICON = {"pass": "✅", "fail": "❌", "error": "⚠️"}
-
-
-@dataclass(frozen=True)
-class _Row:
-    """One stage with its tok/s summary and its tok/s ratio to the variant's fresh stage (None for fresh)."""
-
-    stage: StageResult
-    summary: Summary
-    vs_fresh: Ratio | None
-
-
-# ---------------------------------------------------------------- numbers
-
-
-def _stages(variant: VariantResult) -> list[StageResult]:
-    return sorted(variant.stages, key=lambda s: s.cycle)
-
-
-def _fresh(variant: VariantResult) -> StageResult | None:
-    return next((s for s in _stages(variant) if s.cycle == 0), None)
-
-
-def _rows(variant: VariantResult) -> list[_Row]:
-    fresh = _fresh(variant)
-    return [
-        _Row(s, summarize(s.tok_s), ratio(s.tok_s, fresh.tok_s) if fresh is not None and s.cycle > 0 else None)
-        for s in _stages(variant)
-    ]
-
-
-def _after_samples(variant: VariantResult) -> list[float]:
-    return [x for s in _stages(variant) if s.cycle > 0 for x in s.tok_s]
 
 
 # ---------------------------------------------------------------- Markdown pieces
@@ -100,14 +58,6 @@ def _summarycell(s: Summary, digits: int = 1) -> str:
     return f"{s.median:.{digits}f} [{s.ci_low:.{digits}f}, {s.ci_high:.{digits}f}]"
 
 
-def _ratiocell(r: Ratio | None) -> str:
-    if r is None or r.value is None:
-        return MISSING
-    if r.ci_low is None or r.ci_high is None:
-        return f"{r.value:.2f} (no CI)"
-    return f"{r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
-
-
 def _matchcell(value: bool | None) -> str:
     return MISSING if value is None else ("yes" if value else "**no**")
 
@@ -117,7 +67,7 @@ def _row(cells: Sequence[str], widths: Sequence[int], aligns: Sequence[str]) -> 
     return "| " + " | ".join(padded) + " |"
 
 
-def _stage_cells(variant: str, row: _Row) -> list[str]:
+def _stage_cells(variant: str, row: Row) -> list[str]:
     s = row.stage
     cells = [
         variant,
@@ -126,7 +76,7 @@ def _stage_cells(variant: str, row: _Row) -> list[str]:
         str(s.num_drafts),
         f"{s.num_accepted_tokens}/{s.num_draft_tokens}",
         _summarycell(row.summary),
-        _ratiocell(row.vs_fresh),
+        ratio_cell(row.vs_fresh),
         _tpotcell(s.tpot),
         num(None if s.first_request_ttft is None else s.first_request_ttft * 1000, 1),
         _matchcell(s.outputs_match_fresh),
@@ -144,7 +94,7 @@ def _table(variants: Sequence[VariantResult]) -> list[str]:
     for variant in variants:
         if not variant.stages:
             body.append([cell(variant.name), "no stage measured", *[MISSING] * (len(TABLE_SPEC) - 2)])
-        body += [_stage_cells(variant.name, r) for r in _rows(variant)]
+        body += [_stage_cells(variant.name, r) for r in stage_rows(variant)]
     heads = [h for h, _, _ in TABLE_SPEC]
     aligns = [a for _, a, _ in TABLE_SPEC]
     # Numbers get fixed widths; names are as wide as the longest in this table (stable for one scenario).
@@ -185,24 +135,24 @@ def _patched_vs_baseline(variants: Sequence[VariantResult]) -> list[str]:
     by_name = {v.name: v for v in variants}
     if "patched" not in by_name or "baseline" not in by_name:
         return []
-    top, bottom = _after_samples(by_name["patched"]), _after_samples(by_name["baseline"])
+    top, bottom = after_samples(by_name["patched"]), after_samples(by_name["baseline"])
     if not top or not bottom:
         return []
     return [
-        f"- patched / baseline tok/s after the cycles: {_ratiocell(ratio(top, bottom))}"
+        f"- patched / baseline tok/s after the cycles: {ratio_cell(ratio(top, bottom))}"
         f" (median over all post-cycle requests, n={len(top)} vs {len(bottom)})"
     ]
 
 
 def _floor_lines(variants: Sequence[VariantResult]) -> list[str]:
     """tok/s after the cycles of every speculating variant against the no-speculation floor."""
-    floor = next((v for v in variants if v.outcome == "floor" and _after_samples(v)), None)
+    floor = next((v for v in variants if v.outcome == "floor" and after_samples(v)), None)
     if floor is None:
         return []
     parts = [
-        f"{v.name} {_ratiocell(ratio(_after_samples(v), _after_samples(floor)))}×"
+        f"{v.name} {ratio_cell(ratio(after_samples(v), after_samples(floor)))}×"
         for v in variants
-        if v is not floor and _after_samples(v)
+        if v is not floor and after_samples(v)
     ]
     if not parts:
         return []
@@ -218,7 +168,7 @@ def _unique(values: Sequence[str]) -> list[str]:
 
 
 def _interval_phrase(result: ScenarioResult) -> str:
-    rows = [r for v in result.variants for r in _rows(v)]
+    rows = [r for v in result.variants for r in stage_rows(v)]
     medians = _unique([r.summary.method for r in rows if r.summary.n])
     ratios = _unique([r.vs_fresh.method for r in rows if r.vs_fresh is not None and r.vs_fresh.value is not None])
     return f"tok/s CI: {', '.join(medians) or MISSING}; ratio CI: {', '.join(ratios) or MISSING}"
@@ -361,52 +311,3 @@ def render_markdown(results: Sequence[ScenarioResult]) -> str:
     for result in results:
         lines += ["", *_scenario_section(result)]
     return "\n".join(lines) + "\n"
-
-
-def render_json(results: Sequence[ScenarioResult]) -> str:
-    """The results as one JSON list of result.json objects."""
-    return json.dumps([to_dict(r) for r in results], indent=2) + "\n"
-
-
-# ---------------------------------------------------------------- CSV
-
-
-def _stage_record(result: ScenarioResult, variant: VariantResult, row: _Row) -> dict[str, Any]:
-    stage, vs = row.stage, row.vs_fresh
-    rate = stage.num_accepted_tokens / stage.num_draft_tokens if stage.num_draft_tokens else None
-    return {
-        "scenario": result.name,
-        "variant": variant.name,
-        "outcome": variant.outcome,
-        "expected": variant.expected,
-        "stage": stage.name,
-        "cycle": stage.cycle,
-        "acceptance_length": stage.acceptance_length,
-        "num_drafts": stage.num_drafts,
-        "num_draft_tokens": stage.num_draft_tokens,
-        "num_accepted_tokens": stage.num_accepted_tokens,
-        "acceptance_rate": rate,
-        "per_position": ";".join(f"{p:.4f}" for p in stage.per_position),
-        "requests": len(stage.tok_s),
-        "tok_s_median": stage.tok_s_median,
-        "tok_s_min": min(stage.tok_s) if stage.tok_s else None,
-        "tok_s_max": max(stage.tok_s) if stage.tok_s else None,
-        "outputs_match_fresh": stage.outputs_match_fresh,
-        "counters_reset": stage.counters_reset,
-        "tok_s_ci_low": row.summary.ci_low,
-        "tok_s_ci_high": row.summary.ci_high,
-        "tok_s_vs_fresh": vs.value if vs else None,
-        "tok_s_vs_fresh_low": vs.ci_low if vs else None,
-        "tok_s_vs_fresh_high": vs.ci_high if vs else None,
-    }
-
-
-def stages_frame(results: Sequence[ScenarioResult]) -> pd.DataFrame:
-    """One row per scenario × variant × stage (stages by cycle), columns in STAGE_COLUMNS order."""
-    records = [_stage_record(r, v, row) for r in results for v in r.variants for row in _rows(v)]
-    return pd.DataFrame.from_records(records, columns=list(STAGE_COLUMNS))
-
-
-def render_csv(results: Sequence[ScenarioResult]) -> str:
-    """stages_frame(results) as CSV text (the content of stages.csv)."""
-    return str(stages_frame(results).to_csv(index=False))

@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import shlex
 
-from specwake.markdown import MISSING, cell, fenced, inline
-from specwake.report_cycles import ledger
-from specwake.results import StageResult, VariantResult
+from specwake.report.cycles import ledger
+from specwake.report.markdown import MISSING, cell, fenced, inline
+from specwake.results import VariantResult
 from specwake.weights import ROLES, memory_line, weights_line
 
 
-def _stages(variant: VariantResult) -> list[StageResult]:
-    return sorted(variant.stages, key=lambda s: s.cycle)
-
-
 def _position_table(variant: VariantResult) -> list[str]:
-    stages = _stages(variant)
+    stages = variant.stages_by_cycle
     k = max((len(s.per_position) for s in stages), default=0)
     if k == 0:
         return []

@@ -7,9 +7,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from specwake.markdown import MISSING, cell, inline, num
-from specwake.measure import LOGPROB_TOLERANCE
-from specwake.results import StageResult, VariantResult
+from specwake.report.markdown import MISSING, cell, inline, num
+from specwake.results import LOGPROB_TOLERANCE, StageResult, VariantResult
 from specwake.stats import Slope, slope
 from specwake.verdict import MIB, rss_after_wake, wake_seconds
 from specwake.weights import GIB

@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specwake.errors import InputError
-from specwake.markdown import MISSING, cell
+from specwake.report.markdown import MISSING, cell, num, ratio_cell
 from specwake.results import ScenarioResult, StageResult, VariantResult
 from specwake.stats import Ratio, call_change, ratio
 
+MAX_AL_DROP = 0.05  # default: an AL drop beyond this fraction of the old AL is a regression
+MAX_TOKS_DROP = 0.10  # default: a tok/s interval wholly below 1 − this is a regression
 OUTCOME_STAGE = "outcome"  # the stage name of a variant-level (outcome) row
 NOT_APPLICABLE = Ratio(None, None, None, "not applicable")
 
@@ -202,8 +204,8 @@ def compare(
     old: ScenarioResult,
     new: ScenarioResult,
     *,
-    max_al_drop: float = 0.05,
-    max_toks_drop: float = 0.10,
+    max_al_drop: float = MAX_AL_DROP,
+    max_toks_drop: float = MAX_TOKS_DROP,
     force: bool = False,
 ) -> Comparison:
     """Join OLD and NEW (one scenario, paired by the caller) on variant × stage and flag regressions (see the
@@ -267,8 +269,8 @@ def compare_runs(
     news: Sequence[ScenarioResult],
     *,
     pairs: Sequence[tuple[str, str]] = (),
-    max_al_drop: float = 0.05,
-    max_toks_drop: float = 0.10,
+    max_al_drop: float = MAX_AL_DROP,
+    max_toks_drop: float = MAX_TOKS_DROP,
     force: bool = False,
 ) -> tuple[list[Comparison], list[str]]:
     """Every paired scenario compared, and the scenario names found on one side only."""
@@ -293,20 +295,6 @@ def parse_pair(text: str) -> tuple[str, str]:
 # ---------------------------------------------------------------- Markdown
 
 
-def _num(value: float | None, digits: int, sign: bool = False) -> str:
-    if value is None:
-        return MISSING
-    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
-
-
-def _ratiocell(r: Ratio) -> str:
-    if r.value is None:
-        return MISSING
-    if r.ci_low is None or r.ci_high is None:
-        return f"{r.value:.2f} (no interval)"
-    return f"{r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
-
-
 def _table_row(row: Row) -> str:
     if row.stage == OUTCOME_STAGE:
         cells = [row.variant, row.stage, MISSING, MISSING, MISSING, MISSING, row.call]
@@ -314,10 +302,10 @@ def _table_row(row: Row) -> str:
         cells = [
             row.variant,
             row.stage,
-            f"{_num(row.old_al, 2)} → {_num(row.new_al, 2)}",
-            _num(row.al_delta, 2, sign=True),
-            f"{_num(row.old_toks, 1)} → {_num(row.new_toks, 1)}",
-            _ratiocell(row.toks_ratio),
+            f"{num(row.old_al, 2)} → {num(row.new_al, 2)}",
+            num(row.al_delta, 2, sign=True),
+            f"{num(row.old_toks, 1)} → {num(row.new_toks, 1)}",
+            ratio_cell(row.toks_ratio),
             row.call,
         ]
     cells.append("**yes**" if row.regression else "no")

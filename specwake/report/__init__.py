@@ -1,0 +1,18 @@
+"""Every output format of finished runs, read from results only: the PR-comment Markdown (summary, with
+details and cycles), JSON and stages.csv (frames), JUnit XML (junit), run-to-run comparison (compare) and the
+PNG plot (plot). Nothing here talks to a server: a ruff rule (specwake/report/ruff.toml) bans those imports.
+"""
+
+from specwake.report.frames import STAGE_COLUMNS, render_csv, render_json, stages_frame
+from specwake.report.summary import matrix, provenance_line, render_markdown, verdict_line
+
+__all__ = [
+    "STAGE_COLUMNS",
+    "matrix",
+    "provenance_line",
+    "render_csv",
+    "render_json",
+    "render_markdown",
+    "stages_frame",
+    "verdict_line",
+]

@@ -1,0 +1,246 @@
+"""The scenario file's format: every TOML key, its type, default and check, as strict pydantic models.
+
+This is the one definition of what a scenario may say (docs/scenario-format.md documents it key by key, and
+tests/test_docs.py checks that it does). specwake.scenario reads a file with these models and resolves it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from specwake.verdict import EXPECTATIONS, Limits
+
+# A scenario or variant name names a folder: one path component, nothing that could climb out of --output.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+LIMIT_KEYS = {f.name for f in dataclasses.fields(Limits)}
+
+# Flags specwake sets itself; a scenario's `server.args` may not override them.
+RESERVED_FLAGS = {
+    "--host": "servers bind to 127.0.0.1 only",
+    "--port": "specwake picks a free port per server",
+    "--worker-extension-cls": "specwake's worker extension is required for info and discard",
+    "--speculative-config": "use the [speculative] table",
+    "--model": "use server.model",
+    "--tensor-parallel-size": "use server.tensor_parallel_size or --tp",
+    "-tp": "use server.tensor_parallel_size or --tp",
+    "--enable-sleep-mode": "specwake enables sleep mode where the platform supports it",
+}
+
+# Numeric keys of [expect] besides the per-variant expectations: allowed range [low, high), or (low, high)
+# for those in POSITIVE (a floor of 0 would pass any speed).
+EXPECT_NUMBERS = {
+    "tolerance": (0.0, 1.0),
+    "min_speedup_recovery": (0.0, 1.5),
+    "max_logprob_drift": (0.0, math.inf),
+    "max_rss_growth_mb": (0.0, math.inf),
+    "max_wake_s": (0.0, math.inf),
+}
+POSITIVE = {"min_speedup_recovery", "max_wake_s"}
+
+BUILTIN_PROMPTS = {
+    "mixed": (
+        "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+        "Explain in three sentences why the sky is blue.",
+        "List the first ten prime numbers and say how you checked each one.",
+        "Summarise the plot of a heist story set on a night train across the Alps.",
+        "Translate to French: The meeting moved to Thursday because the room was booked.",
+        "Give step-by-step instructions to make a cup of green tea.",
+    ),
+}
+
+
+def _args_is_list(value: Any) -> Any:
+    if isinstance(value, str):
+        raise ValueError('must be a list of strings, not one shell string (e.g. ["--seed", "0"])')
+    return value
+
+
+def _no_reserved_flags(value: list[str]) -> list[str]:
+    for arg in value:
+        flag = arg.split("=", 1)[0]
+        if flag in RESERVED_FLAGS:
+            raise ValueError(f"{flag!r} is set by specwake ({RESERVED_FLAGS[flag]})")
+    return value
+
+
+def _env_values_are_strings(value: Any) -> Any:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(item, str):
+                raise ValueError(f"value of {key!r} must be a string, got {type(item).__name__}")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ServerSection(_Strict):
+    model: str = Field(min_length=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    enforce_eager: bool = False
+    dtype: str = "auto"
+    max_model_len: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(default=900, gt=0)
+
+    _args_list = field_validator("args", mode="before")(_args_is_list)
+    _args_free = field_validator("args")(_no_reserved_flags)
+    _env = field_validator("env", mode="before")(_env_values_are_strings)
+
+
+class WorkloadSection(_Strict):
+    prompts: str | list[str] = "builtin:mixed"
+    max_tokens: int = Field(default=256, gt=0)
+    repeats: int = Field(default=5, gt=0)  # measured requests per stage: 5 gives the speed rule power
+    warmup: int = Field(default=1, ge=0)
+    temperature: float = Field(default=0.0, ge=0)
+    ignore_eos: bool = True
+    request_timeout_s: float = Field(default=300, gt=0)
+
+
+Level = Literal[1, 2]
+PushTarget = Literal["target", "draft"]
+_TARGET_ONLY: list[PushTarget] = ["target"]  # what most RL trainers push
+
+
+def _distinct(value: Any) -> Any:
+    if isinstance(value, list) and (not value or len(set(value)) != len(value)):
+        raise ValueError("must list one or more distinct values")
+    return value
+
+
+class CycleSection(_Strict):
+    # A list runs every variant once per level (its name gets "-L1", "-L2"): L1 and L2 side by side.
+    level: Level | list[Level] = 2
+    count: int = Field(default=2, ge=1)
+    # How weights come back after the wake: vLLM's reload_weights from disk, or pushed into the live models
+    # through load_weights, as RL trainers do (verl, NeMo-RL, TRL).
+    reload: Literal["reload_weights", "push"] = "reload_weights"
+    push_to: list[PushTarget] = Field(default_factory=lambda: _TARGET_ONLY.copy())
+    discard: Literal["auto", "native", "emulated"] = "auto"
+    # What an emulated discard leaves in the parameters. A real L2 wake on CUDA hands back memory it did not
+    # clear, so a drafter that is never reloaded holds undefined values there, not zeros.
+    discard_fill: Literal["zero", "nan", "random"] = "zero"
+    step_timeout_s: float = Field(default=300, gt=0)
+
+    _level = field_validator("level")(_distinct)
+    _push_to = field_validator("push_to")(_distinct)
+
+    @property
+    def levels(self) -> list[int]:
+        return list(self.level) if isinstance(self.level, list) else [self.level]
+
+
+class VariantSection(_Strict):
+    patch: str | None = None
+    python: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    # Extra server arguments of this variant, after server.args: e.g. vLLM's own workaround,
+    # ["--sleep-preserve-parameter-names", "draft.*"].
+    args: list[str] = Field(default_factory=list)
+    # false: the same server without --speculative-config, measured the same way — the no-speculation floor a
+    # collapse falls to. Its outcome is `floor`, never judged.
+    speculative: bool = True
+    push_to: list[PushTarget] | None = None  # with [cycle] reload = "push": this variant's push (default: cycle's)
+    # A perturbed push: checkpoint tensor name → factor, applied to target and drafter alike. The output must then
+    # change while AL stays: proof that the drafter follows the new weights.
+    push_scale: dict[str, float] = Field(default_factory=dict)
+
+    _args_list = field_validator("args", mode="before")(_args_is_list)
+    _args_free = field_validator("args")(_no_reserved_flags)
+    _env = field_validator("env", mode="before")(_env_values_are_strings)
+    _push_to = field_validator("push_to")(_distinct)
+
+
+class ScenarioFile(_Strict):
+    """The TOML document as written (paths still relative to the file)."""
+
+    name: str | None = None
+    description: str = ""
+    server: ServerSection
+    speculative: dict[str, Any]
+    workload: WorkloadSection = WorkloadSection()
+    cycle: CycleSection = CycleSection()
+    variants: dict[str, VariantSection] = Field(default_factory=lambda: {"baseline": VariantSection()})
+    expect: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("speculative")
+    @classmethod
+    def _speculative(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(value.get("method"), str) or not value["method"]:
+            raise ValueError('needs a `method` string (e.g. "eagle3", "mtp", "draft_model")')
+        k = value.get("num_speculative_tokens")
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise ValueError("num_speculative_tokens must be an integer >= 1")
+        return value
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, value: dict[str, VariantSection]) -> dict[str, VariantSection]:
+        if not value:
+            raise ValueError("needs at least one variant")
+        for name in value:
+            if not SAFE_NAME.fullmatch(name):
+                raise ValueError(f"variant name {name!r} may use only letters, digits, '_', '.', '-'")
+        return value
+
+    @model_validator(mode="after")
+    def _expectations(self) -> ScenarioFile:
+        for key, value in self.expect.items():
+            if key in EXPECT_NUMBERS:
+                low, high = EXPECT_NUMBERS[key]
+                opening = "(" if key in POSITIVE else "["
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, (int, float))
+                    or not low <= value < high
+                    or (key in POSITIVE and value == low)
+                ):
+                    raise ValueError(f"expect.{key}: must be a number in {opening}{low:g}, {high:g})")
+                continue
+            levels = self.cycle.levels
+            # NAME-L1 / NAME-L2 exist only when [cycle] level lists several levels.
+            names = [*self.variants, *(f"{v}-L{lv}" for v in self.variants for lv in levels if len(levels) > 1)]
+            if key not in names:
+                hint = did_you_mean(key, [*names, *EXPECT_NUMBERS])
+                raise ValueError(f"expect.{key}: no variant named {key!r}{hint}")
+            if value not in EXPECTATIONS:
+                raise ValueError(f"expect.{key}: must be one of {', '.join(EXPECTATIONS)} (got {value!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _push_keys_need_push(self) -> ScenarioFile:
+        if self.cycle.reload == "push":
+            return self
+        if "push_to" in self.cycle.model_fields_set:
+            raise ValueError('cycle.push_to: only with cycle.reload = "push"')
+        for name, section in self.variants.items():
+            for key in ("push_to", "push_scale"):
+                if key in section.model_fields_set:
+                    raise ValueError(f'variants.{name}.{key}: only with cycle.reload = "push"')
+        return self
+
+
+def did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def allowed_keys(parent: list[str]) -> list[str]:
+    model: type[BaseModel] = ScenarioFile
+    sections: dict[str, type[BaseModel]] = {"server": ServerSection, "workload": WorkloadSection, "cycle": CycleSection}
+    if parent and parent[0] in sections:
+        model = sections[parent[0]]
+    elif parent and parent[0] == "variants":
+        model = VariantSection
+    return list(model.model_fields)
