@@ -78,6 +78,7 @@ class VariantRun:
         self.completed_phases = 0
         self.timings: dict[str, float] = {}
         self.started = clock()
+        self.ended: float | None = None  # when its server was stopped
 
     @property
     def _pushing(self) -> bool:
@@ -183,7 +184,8 @@ class VariantRun:
         self.server.stop()
         if self.client is not None:
             self.client.http.close()
-        self._timed("teardown", self.clock() - t0)
+        self.ended = self.clock()
+        self._timed("teardown", self.ended - t0)
 
     # -- measurement -------------------------------------------------------------------------------
 
@@ -346,7 +348,7 @@ class VariantRun:
                 "crash_lines": list(self.crash_lines),
                 "timings": self.timings,
             },
-            seconds=round(self.clock() - self.started, 2),
+            seconds=round((self.ended if self.ended is not None else self.clock()) - self.started, 2),
             diagnostics=list(self.diagnostics),
             push={"to": list(variant.push_to), "scale": dict(variant.push_scale)} if self._pushing else None,
         )

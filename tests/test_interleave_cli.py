@@ -82,6 +82,11 @@ def test_run_modes_start_servers_and_order_phases_as_named(tmp_path: Path, mode:
     load_result(path)
     result: dict[str, Any] = json.loads(path.read_text())
     assert result["scenario"]["mode"] == {"interleave": "interleaved"}.get(mode, mode)
+    if mode == "sequential":  # a variant's seconds end when its server stops, not when the run ends
+        base, patched = spans["baseline"], spans["patched"]
+        assert patched.end is not None
+        seconds = {v["name"]: v["seconds"] for v in result["variants"]}
+        assert seconds["baseline"] < (patched.end - base.start) - 0.5 * (patched.end - patched.start), seconds
     assert result["verdict"] == "pass" and result["complete"] is True
     stages = {v["name"]: [s["name"] for s in v["stages"]] for v in result["variants"]}
     names = ["fresh"] + [f"after L2 #{k}" for k in range(1, CYCLES + 1)]
