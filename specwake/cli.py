@@ -63,7 +63,7 @@ def run(
     sequential: Annotated[
         bool,
         typer.Option(
-            help="CPU: one server at a time (default: servers start side by side, each measurement runs alone)."
+            help="CPU: one server at a time (default: side by side, each on its own core, measuring one at a time)."
         ),
     ] = False,
     junit: Annotated[

@@ -19,7 +19,7 @@ from typing import Any
 from specwake import __version__
 from specwake.errors import Interrupted
 from specwake.events import Event, Events
-from specwake.gate import OpenGate, PhaseGate
+from specwake.gate import AnyTime, Turns
 from specwake.plan import redact_env
 from specwake.prepare import PreparedVariant
 from specwake.results import ScenarioResult, VariantResult
@@ -153,23 +153,31 @@ def run_scenario(
     return recorder.save(complete=True)
 
 
+ANY_TIME = AnyTime()
+
+
 def _run_sequential(runs: Sequence[VariantRun], save: Callable[[], object], events: Events) -> None:
     for run in runs:
         _run_one(run, save, events)
 
 
 def _run_one(
-    run: VariantRun, save: Callable[[], object], events: Events, cancel: threading.Event | None = None
+    run: VariantRun,
+    save: Callable[[], object],
+    events: Events,
+    cancel: threading.Event | None = None,
+    turns: Turns | None = None,
 ) -> None:
-    """Open, run every phase, close one variant; with `cancel`, stop between phases once it is set."""
+    """Open, run every phase in one turn, close one variant; with `cancel`, stop between phases once it is set."""
     try:
         run.open()
         save()
-        for phase in range(run.phases):
-            if cancel is not None and cancel.is_set():
-                raise Interrupted(f"{run.name}: cancelled")
-            run.run_phase(phase)
-            save()
+        with (turns or ANY_TIME).turn():
+            for phase in range(run.phases):
+                if cancel is not None and cancel.is_set():
+                    raise Interrupted(f"{run.name}: cancelled")
+                run.run_phase(phase)
+                save()
     finally:
         run.close()
     final = run.result()
@@ -219,14 +227,14 @@ def run_packed_scenarios(
     cpu: bool = False,
 ) -> list[ScenarioResult]:
     """Every scenario × variant server on its own disjoint set of `devices`, as many at once as fit, largest TP
-    first. On a GPU machine the devices are GPUs. With `cpu` they are CPU cores: servers start side by side, each
-    worker bound to its own cores, and every measurement runs alone (gate.PhaseGate) so its tok/s is its own.
+    first. On a GPU machine the devices are GPUs. With `cpu` they are CPU cores: servers run side by side, each
+    confined to its own cores, and servers measure one at a time (gate.Turns) so their tok/s is their own.
 
     One server's crash never stops the others. On Ctrl-C every running server is stopped (not just abandoned)
     and every scenario keeps what it measured.
     """
     cancel = threading.Event()
-    gate = PhaseGate(cancel) if cpu else OpenGate()
+    turns = Turns(cancel) if cpu else AnyTime()
     unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []
     jobs: list[Job] = []
@@ -243,12 +251,12 @@ def run_packed_scenarios(
         scenario, prep, run_dir, index = by_key[job.key]
         scoped = _scoped(events, scenario.name)
         gpus, cores = ((), got) if cpu else (got, ())
-        run = VariantRun(scenario, prep, run_dir, scoped, gpus=gpus, cores=cores, gate=gate, cancel=cancel)
+        run = VariantRun(scenario, prep, run_dir, scoped, gpus=gpus, cores=cores, cancel=cancel)
         recorder = recorders[index]
         recorder.add(run)
         watcher = threading.Thread(target=_stop_when_cancelled, args=(cancel, run), daemon=True)
         watcher.start()
-        _run_one(run, recorder.save, scoped, cancel)
+        _run_one(run, recorder.save, scoped, cancel, turns)
         return run.result()
 
     try:

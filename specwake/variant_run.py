@@ -4,7 +4,6 @@ phase k = L2 cycle k + its stage, close. Variants can so run one after another o
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from specwake.crashes import OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, cl
 from specwake.cycle import push_request, run_cycle
 from specwake.errors import Interrupted, ServerFault, StartupFailed
 from specwake.events import Event, Events
-from specwake.gate import OpenGate, PhaseGate
 from specwake.measure import Workload, run_stage, stage_name
 from specwake.plan import redact_env
 from specwake.prepare import PreparedVariant, check_imports, plan_variant
@@ -51,7 +49,6 @@ class VariantRun:
         *,
         gpus: tuple[int, ...] = (),
         cores: tuple[int, ...] = (),
-        gate: PhaseGate | None = None,
         clock: Callable[[], float] = time.monotonic,
         cancel: threading.Event | None = None,
     ) -> None:
@@ -59,7 +56,6 @@ class VariantRun:
         self.cancel = cancel  # set when the whole run is being interrupted (packed runs stop servers from outside)
         self.name = prep.variant.name
         self.gpus, self.cores = gpus, cores
-        self.gate = gate or OpenGate()  # servers side by side on CPU: measurements take turns, alone
         self.log_path = run_dir / "logs" / f"{self.name}.log"
         self._plan_server(port=0)  # the real port is chosen just before launch (see open)
         self.client: VllmClient | None = None
@@ -112,17 +108,8 @@ class VariantRun:
         spec = ServerSpec(self.plan.argv, self.plan.env, port, self.log_path, timeout, cpus=self.cores)
         self.server = Server(spec)
 
-    def _aside(self) -> contextlib.AbstractContextManager[None]:
-        """The gate for starting and stopping: none when the server is confined to cores of its own (its start
-        cannot slow a measurement on other cores), else a shared turn."""
-        return contextlib.nullcontext() if self.cores else self.gate.shared()
-
     def open(self) -> None:
         """Start the server, wait for /health, check it is ours and imports the right vLLM."""
-        with self._aside():
-            self._open()
-
-    def _open(self) -> None:
         self._plan_server(free_port())  # as late as possible: a port picked early may be taken meanwhile
         self.say(f"starting server on 127.0.0.1:{self.plan.port} (log {self.log_path})")
         t0 = self.started = self.clock()
@@ -171,15 +158,7 @@ class VariantRun:
             self._fail(OVERLAY_NOT_USED, mismatch, self.server.log_tail(20))
 
     def close(self) -> None:
-        """Stop the server. Its shutdown waits for a running measurement to finish, unless the run is
-        cancelled: then it stops at once, turn or no turn."""
-        try:
-            with self._aside():
-                self._close()
-        except Interrupted:
-            self._close()
-
-    def _close(self) -> None:
+        """Stop the server (always safe to call, also when it never started)."""
         t0 = self.clock()
         self.server.stop()
         if self.client is not None:
@@ -195,16 +174,12 @@ class VariantRun:
             return
         try:
             if index == 0:
-                with self.gate.exclusive():
-                    self._stage(self.client, 0)
-                with self.gate.shared():
-                    self._diagnose(self.client, 0, "after fresh")
+                self._stage(self.client, 0)
+                self._diagnose(self.client, 0, "after fresh")
             else:
-                with self.gate.shared():
-                    self._cycle(self.client, index)
+                self._cycle(self.client, index)
                 if not self.finished:
-                    with self.gate.exclusive():
-                        self._stage(self.client, index)
+                    self._stage(self.client, index)
         except ServerFault as fault:
             self._crash(fault)
         self.completed_phases = index + 1

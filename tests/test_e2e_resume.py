@@ -54,7 +54,19 @@ def patched_measuring(out: Path) -> Path | None:
 def test_interrupt_then_resume(tmp_path: Path) -> None:
     mark = uuid.uuid4().hex
     env = {**os.environ, SERVER_MARK: mark}
-    argv = [sys.executable, "-m", "specwake.cli", "run", "scenarios/tiny-cpu.toml", "--cycles", "1", "--quiet"]
+    # --sequential: the baseline is complete by the time the patched variant measures (side by side, either
+    # may measure first).
+    argv = [
+        sys.executable,
+        "-m",
+        "specwake.cli",
+        "run",
+        "scenarios/tiny-cpu.toml",
+        "--cycles",
+        "1",
+        "--quiet",
+        "--sequential",
+    ]
     proc = subprocess.Popen([*argv, "--output", str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:

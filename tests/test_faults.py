@@ -237,7 +237,8 @@ def test_signal_while_variants_overlap_stops_both_servers_and_keeps_measured_sta
     for v in result["variants"]:  # whatever either side measured before the signal is kept, complete
         for stage in v["stages"]:
             assert stage["tok_s"] and stage["acceptance_length"] is not None, (v["name"], stage["name"])
-    assert len(engine.launched()) == 2
+    # Both servers were launched; one stopped at startup may not have got as far as recording it.
+    assert len(engine.launched()) == 2 or (when == "startup" and len(engine.launched()) == 1)
 
 
 # -- 6. Two runs at once --------------------------------------------------------------------------------
