@@ -21,7 +21,7 @@ from specwake.models import is_builtin, resolve_model_ref
 from specwake.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
 from specwake.plan import VariantPlan, build_server_command, build_server_env, redact_env, resolve_discard
 from specwake.scenario import Scenario, Variant
-from specwake.validate import validate_variant
+from specwake.validate import validate_variants
 from specwake.verdict import COLLAPSE_AL, speed_rule
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
@@ -117,8 +117,8 @@ def prepare(
     gpus: Sequence[int] | None = None,
     patches: dict[str, PatchInfo] | None = None,
 ) -> list[PreparedVariant]:
-    """Validate patches, probe interpreters, build builtin models, have each variant's vLLM check the scenario's
-    speculative table and arguments, build overlays. Launches no server.
+    """Validate patches, probe interpreters, build builtin models and overlays. Launches no server. (The caller
+    then has each variant's vLLM check the scenario, for a whole run at once: `validate_run`.)
 
     `patches`: what `inspect_patches(scenario)` already returned, if the caller checked them earlier.
     Input problems raise (exit 2); a platform that cannot run the scenario is recorded per variant so that
@@ -127,17 +127,18 @@ def prepare(
     if patches is None:  # cheap input checks first, so bad input never waits on a probe
         patches = inspect_patches(scenario)
     engines: dict[str, EngineInfo] = {}
-    prepared = []
+    resolved = []
     for variant in scenario.variants:
         python = resolve_python(variant.python)
         if python not in engines:
             events(Event(f"probing vLLM in {python}"))
             engines[python] = probe_engine(python, cache)
-        engine = engines[python]
         model = resolve_model_ref(scenario.server.model, python, cache)
         draft_ref = scenario.speculative.get("model")
         draft = resolve_model_ref(draft_ref, python, cache) if is_builtin(draft_ref) else None
-        validate_variant(scenario, variant, engine, model, cache, events)
+        resolved.append((variant, engines[python], model, draft))
+    prepared = []
+    for variant, engine, model, draft in resolved:
         overlay = patch_sha = None
         if variant.patch is not None:
             with _naming_patch(scenario, variant):
@@ -150,6 +151,11 @@ def prepare(
         discard = scenario.cycle.discard if problem else resolve_discard(scenario, engine.sleep_mode, engine.platform)
         prepared.append(PreparedVariant(variant, engine, overlay, patch_sha, model, draft, discard, problem))
     return prepared
+
+
+def validate_run(prepared: Sequence[tuple[Scenario, Sequence[PreparedVariant]]], cache: Path, events: Events) -> None:
+    """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.validate)."""
+    validate_variants([(s, p.variant, p.engine, p.model) for s, variants in prepared for p in variants], cache, events)
 
 
 PRESERVE_FLAG = "--sleep-preserve-parameter-names"

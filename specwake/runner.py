@@ -172,12 +172,13 @@ def _run_one(
     try:
         run.open()
         save()
-        with (turns or ANY_TIME).turn():
-            for phase in range(run.phases):
-                if cancel is not None and cancel.is_set():
-                    raise Interrupted(f"{run.name}: cancelled")
-                run.run_phase(phase)
-                save()
+        if not run.finished:  # one that never became ready has nothing to measure and waits for no turn
+            with (turns or ANY_TIME).turn():
+                for phase in range(run.phases):
+                    if cancel is not None and cancel.is_set():
+                        raise Interrupted(f"{run.name}: cancelled")
+                    run.run_phase(phase)
+                    save()
     finally:
         run.close()
     final = run.result()

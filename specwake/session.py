@@ -22,6 +22,7 @@ from specwake.prepare import (
     plan_variant,
     prepare,
     require_runnable,
+    validate_run,
 )
 from specwake.report import render_markdown
 from specwake.report.junit import write_junit
@@ -139,8 +140,10 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
             for p in prepare(scenario, request.cache, events, gpus=gpus, patches=patches[scenario.name])
             if p.variant.name not in kept and (mine is None or f"{scenario.name}/{p.variant.name}" in mine)
         ]
-        require_runnable(variants)
         prepared.append(variants)
+    validate_run(list(zip(scenarios, prepared, strict=True)), request.cache, events)
+    for variants in prepared:
+        require_runnable(variants)
     if shard is not None:  # a shard runs only the scenarios it has jobs of
         active = [(s, p) for s, p in zip(scenarios, prepared, strict=True) if p]
         if not active:
@@ -259,6 +262,7 @@ def check_all(
     scenarios = [load_scenario(path, overrides) for path in paths]
     patches = [inspect_patches(s) for s in scenarios]
     prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]
+    validate_run(list(zip(scenarios, prepared, strict=True)), cache, events)
     problems = [p.platform_problem for variants in prepared for p in variants if p.platform_problem]
     assigned: dict[str, tuple[int, ...]] = {}
     if any(p.engine.is_gpu for variants in prepared for p in variants) and not problems:

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,32 +35,50 @@ def request_for(scenario: Scenario, variant: Variant, model: str) -> dict[str, A
     }
 
 
-def ask_engine(engine: EngineInfo, request: dict[str, Any], cache: Path | None) -> dict[str, Any] | str:
-    """vLLM's answer to `request` (a dict), or why it could not answer (a str)."""
-    stamp = install_stamp(engine.python) if cache is not None else None
+def _cache_file(cache: Path | None, stamp: str | None, request: dict[str, Any]) -> Path | None:
+    if cache is None or stamp is None:
+        return None
     key = hashlib.sha256(json.dumps([stamp, request], sort_keys=True).encode()).hexdigest()[:24]
-    cached = cache / "validations" / f"{key}.json" if cache is not None and stamp is not None else None
-    if cached is not None and cached.is_file():
-        try:
-            answer: dict[str, Any] = json.loads(cached.read_text())
-            return answer
-        except (OSError, ValueError):
-            pass
+    return cache / "validations" / f"{key}.json"
+
+
+def _read(path: Path | None) -> dict[str, Any] | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        answer: dict[str, Any] = json.loads(path.read_text())
+        return answer
+    except (OSError, ValueError):
+        return None
+
+
+def ask_engine(engine: EngineInfo, requests: list[dict[str, Any]], cache: Path | None) -> list[dict[str, Any]] | str:
+    """vLLM's answer to each request, in order (cached ones from the cache, the rest from one process), or why it
+    could not answer (a str)."""
+    stamp = install_stamp(engine.python) if cache is not None else None
+    files = [_cache_file(cache, stamp, request) for request in requests]
+    answers = [_read(path) for path in files]
+    missing = [i for i, answer in enumerate(answers) if answer is None]
+    if not missing:
+        return [a for a in answers if a is not None]
     env = builder_env({k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     try:
         proc = subprocess.run(
             [engine.python, "-m", "specwake.worker.validate"],
-            input=json.dumps(request), capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
+            input=json.dumps([requests[i] for i in missing]), capture_output=True, text=True, timeout=TIMEOUT_S,
+            env=env,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{type(exc).__name__}: {exc}"
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(PREFIX)), None)
     if proc.returncode != 0 or line is None:
         return (proc.stderr.strip().splitlines() or ["no answer"])[-1]
-    answer = json.loads(line.removeprefix(PREFIX))
-    if cached is not None:
-        write_cache(cached, json.dumps(answer))
-    return answer
+    for i, answer in zip(missing, json.loads(line.removeprefix(PREFIX)), strict=True):
+        answers[i] = answer
+        path = files[i]
+        if path is not None:
+            write_cache(path, json.dumps(answer))
+    return [a for a in answers if a is not None]
 
 
 def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -> None:
@@ -80,16 +99,25 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
         raise ScenarioError(file, where, f"vLLM {version}'s argument parser: {answer['variant_args_error']}")
 
 
-def validate_variant(
-    scenario: Scenario,
-    variant: Variant,
-    engine: EngineInfo,
-    model: str,
-    cache: Path | None,
-    events: Events,
-) -> None:
-    answer = ask_engine(engine, request_for(scenario, variant, model), cache)
-    if isinstance(answer, str):
-        events(Event(f"vLLM could not check the scenario's keys and arguments ({answer}); going on", variant.name))
-        return
-    check_answer(scenario, variant, answer)
+Check = tuple[Scenario, Variant, EngineInfo, str]  # a variant to check, its engine and its model reference
+
+
+def validate_variants(checks: Sequence[Check], cache: Path | None, events: Events) -> None:
+    """Have each variant's vLLM check its scenario, one process per interpreter for the whole run; raise
+    ScenarioError for the first problem, in the order given. A vLLM that cannot answer is reported and skipped."""
+    by_python: dict[str, list[int]] = {}
+    for index, (_, _, engine, _) in enumerate(checks):
+        by_python.setdefault(engine.python, []).append(index)
+    answers: dict[int, dict[str, Any]] = {}
+    for indices in by_python.values():
+        requests = [request_for(checks[i][0], checks[i][1], checks[i][3]) for i in indices]
+        got = ask_engine(checks[indices[0]][2], requests, cache)
+        if isinstance(got, str):
+            for i in indices:
+                note = f"vLLM could not check the scenario's keys and arguments ({got}); going on"
+                events(Event(note, checks[i][1].name))
+            continue
+        answers.update(zip(indices, got, strict=True))
+    for index, (scenario, variant, _, _) in enumerate(checks):
+        if index in answers:
+            check_answer(scenario, variant, answers[index])

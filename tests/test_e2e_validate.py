@@ -75,7 +75,7 @@ def test_a_good_scenario_passes_vllms_checks(tmp_path: Path, cache: Path) -> Non
 def test_every_shipped_scenario_passes_vllms_own_checks(cache: Path) -> None:
     scenarios = sorted(
         str(p.relative_to(REPO)) for p in [*REPO.glob("scenarios/*.toml"), *REPO.glob("scenarios/cpu/*.toml")]
-    )
+    )  # one vLLM process checks them all
     proc = run_cli(["check", *scenarios, "--no-gpu-check"], cache, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "could not check" not in proc.stderr, proc.stderr[-4000:]
@@ -88,12 +88,14 @@ def test_the_validation_program_reports_every_problem_with_vllms_field_list() ->
         "args": ["--seed", "0"],
         "variant_args": ["--no-such-flag"],
     }
+    good = {"model": "some/model", "speculative": {"method": "eagle3"}, "args": [], "variant_args": []}
     proc = subprocess.run(
         [sys.executable, "-m", "specwake.worker.validate"],
-        input=json.dumps(request), capture_output=True, text=True, timeout=300, cwd=REPO,
+        input=json.dumps([request, good]), capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("SPECWAKE_VALIDATE "))
-    answer = json.loads(line.removeprefix("SPECWAKE_VALIDATE "))
+    answer, clean = json.loads(line.removeprefix("SPECWAKE_VALIDATE "))  # one answer per request, in order
+    assert clean["unknown_keys"] == [] and clean["bad_values"] == {} and clean["args_error"] is None
     assert answer["unknown_keys"] == ["typo"]
     assert {"method", "num_speculative_tokens", "model"} <= set(answer["valid_keys"])
     assert "target_model_config" not in answer["valid_keys"]  # vLLM fills those in itself

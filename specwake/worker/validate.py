@@ -1,9 +1,10 @@
 """Checks a scenario's `[speculative]` table and extra server arguments with vLLM's own classes, in the variant's
-interpreter, without starting a server: ``python -m specwake.worker.validate < request.json``.
+interpreter, without starting a server: ``python -m specwake.worker.validate < requests.json``. One process answers
+every variant of a run that uses this interpreter: importing vLLM takes seconds, checking takes milliseconds.
 
-Request: {"model": str, "speculative": {...}, "args": [...], "variant_args": [...]}. Answer (one JSON line):
-{"vllm": version, "valid_keys": [...], "unknown_keys": [...], "bad_values": {key: reason}, "args_error": str|null,
-"variant_args_error": str|null} — the variant's arguments are parsed after the server's.
+Requests: a JSON list of {"model": str, "speculative": {...}, "args": [...], "variant_args": [...]}. Answer (one
+line): a list, in order, of {"vllm": version, "valid_keys": [...], "unknown_keys": [...], "bad_values": {key: reason},
+"args_error": str|null, "variant_args_error": str|null} — the variant's arguments are parsed after the server's.
 SpeculativeConfig is a pydantic dataclass with extra keys forbidden, but vLLM validates it only when it builds the
 engine config, minutes into a GPU start; `--speculative-config` itself is parsed as plain JSON.
 """
@@ -58,19 +59,24 @@ def args_problem(model: str, args: list[str]) -> str | None:
     return None
 
 
+def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
+    found: dict[str, Any] = {"vllm": version}
+    found.update(speculative_problems(request.get("speculative") or {}))
+    args = list(request.get("args") or [])
+    found["args_error"] = args_problem(request["model"], args)
+    extra = list(request.get("variant_args") or [])
+    found["variant_args_error"] = (
+        args_problem(request["model"], [*args, *extra]) if extra and not found["args_error"] else None
+    )
+    return found
+
+
 def main() -> int:
-    request = json.loads(sys.stdin.read())
+    requests = json.loads(sys.stdin.read())
     import vllm
 
-    answer: dict[str, Any] = {"vllm": str(getattr(vllm, "__version__", "unknown"))}
-    answer.update(speculative_problems(request.get("speculative") or {}))
-    args = list(request.get("args") or [])
-    answer["args_error"] = args_problem(request["model"], args)
-    extra = list(request.get("variant_args") or [])
-    answer["variant_args_error"] = (
-        args_problem(request["model"], [*args, *extra]) if extra and not answer["args_error"] else None
-    )
-    print("SPECWAKE_VALIDATE " + json.dumps(answer), flush=True)
+    version = str(getattr(vllm, "__version__", "unknown"))
+    print("SPECWAKE_VALIDATE " + json.dumps([answer(request, version) for request in requests]), flush=True)
     return 0
 
 
