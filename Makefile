@@ -32,8 +32,8 @@ test: install
 	$(BIN)/python -m pytest
 
 lint: install
-	$(BIN)/ruff check specwake tests
-	$(BIN)/ruff format --check specwake tests
+	$(BIN)/ruff check specwake tests benchmarks
+	$(BIN)/ruff format --check specwake tests benchmarks
 	$(BIN)/mypy
 
 clean:

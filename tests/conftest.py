@@ -8,6 +8,7 @@ there (or tests/fakeengine.py, tests/builders.py), never from this file.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,13 @@ import pytest
 
 from tests.fakeengine import FakeEngine, kill_survivors, make_fake_engine
 from tests.procs import assert_no_leftover_processes
+
+# Several tests press Ctrl-C on a specwake subprocess (SIGINT) and expect exit 130. A shell starts a background job
+# (`make test &`, a CI step run with `&`) with SIGINT ignored, children inherit an ignored signal across exec, and
+# Python then installs no KeyboardInterrupt handler: those tests would see specwake finish instead. Give the children
+# the terminal's SIGINT whatever started pytest (a Python handler is reset to the default on exec, unlike "ignored").
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # --------------------------------------------------------------------------------------------
 # Process-leak check
