@@ -153,9 +153,13 @@ def prepare(
     return prepared
 
 
-def validate_run(prepared: Sequence[tuple[Scenario, Sequence[PreparedVariant]]], cache: Path, events: Events) -> None:
+def validate_run(
+    scenarios: Sequence[Scenario], prepared: Sequence[Sequence[PreparedVariant]], cache: Path, events: Events
+) -> None:
     """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.validate)."""
-    validate_variants([(s, p.variant, p.engine, p.model) for s, variants in prepared for p in variants], cache, events)
+    pairs = zip(scenarios, prepared, strict=True)
+    checks = [(s, p.variant, p.engine, p.model) for s, variants in pairs for p in variants]
+    validate_variants(checks, cache, events)
 
 
 PRESERVE_FLAG = "--sleep-preserve-parameter-names"

@@ -166,14 +166,14 @@ def _run_one(
     save: Callable[[], object],
     events: Events,
     cancel: threading.Event | None = None,
-    turns: Turns | None = None,
+    turns: Turns = ANY_TIME,
 ) -> None:
     """Open, run every phase in one turn, close one variant; with `cancel`, stop between phases once it is set."""
     try:
         run.open()
         save()
         if not run.finished:  # one that never became ready has nothing to measure and waits for no turn
-            with (turns or ANY_TIME).turn():
+            with turns.turn():
                 for phase in range(run.phases):
                     if cancel is not None and cancel.is_set():
                         raise Interrupted(f"{run.name}: cancelled")

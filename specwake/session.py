@@ -141,7 +141,7 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
             if p.variant.name not in kept and (mine is None or f"{scenario.name}/{p.variant.name}" in mine)
         ]
         prepared.append(variants)
-    validate_run(list(zip(scenarios, prepared, strict=True)), request.cache, events)
+    validate_run(scenarios, prepared, request.cache, events)
     for variants in prepared:
         require_runnable(variants)
     if shard is not None:  # a shard runs only the scenarios it has jobs of
@@ -262,7 +262,7 @@ def check_all(
     scenarios = [load_scenario(path, overrides) for path in paths]
     patches = [inspect_patches(s) for s in scenarios]
     prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]
-    validate_run(list(zip(scenarios, prepared, strict=True)), cache, events)
+    validate_run(scenarios, prepared, cache, events)
     problems = [p.platform_problem for variants in prepared for p in variants if p.platform_problem]
     assigned: dict[str, tuple[int, ...]] = {}
     if any(p.engine.is_gpu for variants in prepared for p in variants) and not problems:
