@@ -127,18 +127,16 @@ def prepare(
     if patches is None:  # cheap input checks first, so bad input never waits on a probe
         patches = inspect_patches(scenario)
     engines: dict[str, EngineInfo] = {}
-    resolved = []
+    prepared = []
     for variant in scenario.variants:
         python = resolve_python(variant.python)
         if python not in engines:
             events(Event(f"probing vLLM in {python}"))
             engines[python] = probe_engine(python, cache)
+        engine = engines[python]
         model = resolve_model_ref(scenario.server.model, python, cache)
         draft_ref = scenario.speculative.get("model")
         draft = resolve_model_ref(draft_ref, python, cache) if is_builtin(draft_ref) else None
-        resolved.append((variant, engines[python], model, draft))
-    prepared = []
-    for variant, engine, model, draft in resolved:
         overlay = patch_sha = None
         if variant.patch is not None:
             with _naming_patch(scenario, variant):
