@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import openai
 
-from specwake.errors import RequestFailed, RequestTimeout
+from specwake.errors import InputRejected, RequestFailed, RequestTimeout
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,10 @@ class Completer:
         except openai.APITimeoutError:
             raise RequestTimeout(f"{url}: no answer within {timeout:g} s") from None
         except openai.APIStatusError as exc:
-            raise RequestFailed(f"{url}: HTTP {exc.status_code}: {_message(exc)}") from None
+            text = f"{url}: HTTP {exc.status_code}: {_message(exc)}"
+            if refused_as_input(exc.status_code):
+                raise InputRejected(text) from None
+            raise RequestFailed(text) from None
         except openai.APIError as exc:
             raise RequestFailed(f"{url}: {type(exc).__name__}: {exc}") from None
         seconds = self.clock() - start
@@ -116,6 +119,12 @@ class Completer:
             logprobs=tuple(lps),
             cached_tokens=None if cached is None else int(cached),
         )
+
+
+def refused_as_input(status: int) -> bool:
+    """An HTTP status by which the server refuses the request itself (bad input, e.g. a prompt longer than
+    max_model_len: 400), not a timeout or a rate limit."""
+    return 400 <= status < 500 and status not in (408, 429)
 
 
 def _message(exc: openai.APIStatusError) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specwake.client import Answer, VllmClient
-from specwake.errors import RequestFailed, RequestTimeout, ServerFault
+from specwake.errors import InputRejected, RequestFailed, RequestTimeout, ServerFault
 from specwake.results import StepResult
 
 DISCARD_METHOD = "specwake_emulate_discard"
@@ -111,9 +111,13 @@ def run_cycle(
             elif isinstance(body, dict) and body.get("success") is False:
                 # /reset_prefix_cache answers 200 {"success": false} when it could not reset (blocks in use).
                 error = f'{step.name}: HTTP {answer.status} but the server says {{"success": false}}'
+            problem = _scenario_problem(step, body) if error is None else None
+            if problem is not None:
+                error = problem
+                fault = InputRejected(problem)
+            elif error is not None:
+                fault = RequestFailed(error)
             ok = error is None
-            if not ok:
-                fault = RequestFailed(str(error))
             result = StepResult(
                 cycle,
                 step.name,
@@ -132,6 +136,17 @@ def run_cycle(
         if fault is not None:
             return results, fault
     return results, None
+
+
+def _scenario_problem(step: Step, body: Any) -> str | None:
+    """A step the server carried out, but that shows the scenario itself wrong: a push whose push_scale names a tensor
+    that no worker pushed (the perturbation never happened, so a perturbed push could not be judged)."""
+    if step.rpc != PUSH_METHOD or not isinstance(body, dict):
+        return None
+    unmatched = sorted({n for r in body.get("results") or [] if isinstance(r, dict) for n in r.get("unmatched") or []})
+    if not unmatched:
+        return None
+    return f"{step.name}: push_scale names no pushed tensor: {', '.join(unmatched)}"
 
 
 def _text(body: Any, limit: int = 2000) -> str:

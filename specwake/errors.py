@@ -11,6 +11,8 @@ SpecwakeError                      (base, never raised directly)
 │   └── ResultsUnwritable          the results folder cannot be created or written
 ├── ServerFault                    a running server failed us (becomes a `crash` outcome)
 │   ├── RequestFailed              a request or cycle step answered non-2xx or broke the connection
+│   │   └── InputRejected          the server refused the scenario's own input (HTTP 4xx on a request, a
+│   │                              push_scale name that matches nothing): outcome `error`, never a crash of vLLM
 │   └── RequestTimeout             a request or cycle step did not answer before its deadline
 └── Interrupted           exit 130 SIGINT / SIGTERM reached specwake
 """
@@ -77,6 +79,12 @@ class ServerFault(SpecwakeError):
 
 class RequestFailed(ServerFault):
     crash_class = "step_failed"
+
+
+class InputRejected(RequestFailed):
+    """The scenario asked for what the server refuses as bad input; found only once running (check finds most)."""
+
+    crash_class = "input_rejected"
 
 
 class RequestTimeout(ServerFault):

@@ -28,6 +28,11 @@ PREFIX_PROBE = (
 )
 
 
+def probe_prompt(cycle: int) -> str:
+    """The prefix-cache probe of a stage (cycle 0: fresh)."""
+    return f"{PREFIX_PROBE} {cycle}."
+
+
 @dataclass(frozen=True)
 class Workload:
     model: str  # served model name
@@ -129,7 +134,7 @@ def run_stage(
 ) -> tuple[StageResult, list[Completion]]:
     """Measure one stage; returns it with its measured completions. Server faults propagate as ServerFault."""
     start = _scrape(client)
-    probe = f"{PREFIX_PROBE} {cycle}."
+    probe = probe_prompt(cycle)
     first_probe = _request(completer, workload, probe, max_tokens=1)  # the first request after a wake
     control = _request(completer, workload, probe, max_tokens=1)
     warm_started = time.monotonic()

@@ -22,7 +22,7 @@ from specwake.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
 from specwake.plan import VariantPlan, build_server_command, build_server_env, redact_env, resolve_discard
 from specwake.scenario import Scenario, Variant
 from specwake.validate import validate_variants
-from specwake.verdict import COLLAPSE_AL, speed_rule
+from specwake.verdict import COLLAPSE_AL, SLEEP_IGNORED, sleep_ignored, speed_rule
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 
@@ -156,22 +156,28 @@ def validate_run(
 ) -> None:
     """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.validate)."""
     pairs = zip(scenarios, prepared, strict=True)
-    checks = [(s, p.variant, p.engine, p.model) for s, variants in pairs for p in variants]
+    checks = [(s, p.variant, p.engine, p.model, p.draft_model) for s, variants in pairs for p in variants]
     validate_variants(checks, cache, events)
 
 
 PRESERVE_FLAG = "--sleep-preserve-parameter-names"
 
 
-def cpu_no_op(prep: PreparedVariant) -> str | None:
-    """A variant setting that has no effect on this engine, said before anything runs."""
+def cpu_no_ops(prep: PreparedVariant, pushing: bool) -> list[str]:
+    """Variant settings that have no effect on this engine, said before anything runs."""
+    notes = []
     flags = [arg.split("=", 1)[0] for arg in prep.variant.args]
     if PRESERVE_FLAG in flags and not prep.engine.is_gpu:
-        return (
+        notes.append(
             f"{PRESERVE_FLAG} does nothing on CPU: vLLM saves only parameters that are not already in host memory "
             "(gpu_worker.py _save_sleep_parameters); here this variant measures stock vLLM"
         )
-    return None
+    if sleep_ignored(prep.variant.level, prep.l2_discard, pushing):
+        notes.append(
+            f"{SLEEP_IGNORED}, and specwake emulates only the L2 discard: this L1 variant's cycles test nothing, its"
+            " outcome will be `untested`"
+        )
+    return notes
 
 
 def require_runnable(prepared: Sequence[PreparedVariant]) -> None:
@@ -223,6 +229,7 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     )
     fill = f", emulated discard fills {c.discard_fill}" if emulated and 2 in c.levels else ""
     bound = 1.0 - scenario.tolerance
+    graphs = "a finding" if scenario.limits.graph_safe else "not checked (expect.graph_safe = false)"
     lines = [
         "  measures:",
         f"    prompts: {len(scenario.prompts)} from {source}, first {_short(scenario.prompts[0])}",
@@ -231,12 +238,18 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
         f" request timeout {w.request_timeout_s:g} s",
         f"    stages: fresh, then after each of {c.count} cycle(s): {steps}{fill}; step timeout {c.step_timeout_s:g} s",
         "  decides (first rule that applies):",
+        "    error     nothing measured, not even the fresh stage, or the server refused the scenario's input",
+        "    crash     a server failed after the fresh stage was measured",
         "    corrupt   a post-cycle completion differs from fresh, or the target's weights differ from fresh after"
-        " reload_weights",
+        " reload_weights or a push",
+        "    floor     the variant runs without speculation",
+        "    untested  an L1 sleep the engine ignores (CPU): nothing was slept, discarded or woken",
         f"    collapse  a post-cycle stage drafts with AL ≤ {COLLAPSE_AL:.2f}",
+        "    degraded  the drafter's weights differ from fresh after a reload from its checkpoint",
         f"    recover   every post-cycle AL ≥ {bound:.0%} of fresh (tolerance {scenario.tolerance:g}), and tok/s not"
         " clearly lost where speed counts",
-        "    degraded  anything else; crash / error when a server fails",
+        "    degraded  anything else",
+        f"  findings: tensors in new storage after a reload or push: {graphs}; a stale prefix cache; [expect] limits",
     ]
     for prep in prepared:
         rule = speed_rule(scenario.min_speedup_recovery, prep.l2_discard)
@@ -287,8 +300,7 @@ def describe(
         lines.append("    argv: " + shlex.join(plan.argv))
         for key, value in sorted(redact_env(plan.env_added).items()):
             lines.append(f"    env: {key}={value}")
-        note = cpu_no_op(prep)
-        if note:
+        for note in cpu_no_ops(prep, scenario.cycle.reload == "push"):
             lines.append(f"    note: {note}")
         if prep.platform_problem:
             lines.append(f"    NOT RUNNABLE HERE: {prep.platform_problem}")

@@ -219,7 +219,10 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
         variants=tuple(variants),
         tolerance=float(doc.expect.get("tolerance", DEFAULT_TOLERANCE)),
         min_speedup_recovery=None if min_speedup is None else float(min_speedup),
-        limits=Limits(**{k: float(v) for k, v in doc.expect.items() if k in LIMIT_KEYS}),
+        limits=Limits(
+            **{k: float(v) for k, v in doc.expect.items() if k in LIMIT_KEYS},
+            graph_safe=bool(doc.expect.get("graph_safe", True)),
+        ),
     )
 
 

@@ -19,7 +19,7 @@ from specwake.verdict import EXPECTATIONS, Limits
 # A scenario or variant name names a folder: one path component, nothing that could climb out of --output.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
-LIMIT_KEYS = {f.name for f in dataclasses.fields(Limits)}
+LIMIT_KEYS = {f.name for f in dataclasses.fields(Limits) if f.name != "graph_safe"}  # the numeric ones
 
 # Flags specwake sets itself; a scenario's `server.args` may not override them.
 RESERVED_FLAGS = {
@@ -197,6 +197,16 @@ class ScenarioFile(_Strict):
     @model_validator(mode="after")
     def _expectations(self) -> ScenarioFile:
         for key, value in self.expect.items():
+            if key == "graph_safe":
+                if not isinstance(value, bool):
+                    raise ValueError("expect.graph_safe: must be true or false")
+                if not value and not (self.server.enforce_eager or "--enforce-eager" in self.server.args):
+                    raise ValueError(
+                        "expect.graph_safe: false is only for a scenario that never captures CUDA graphs"
+                        " (server.enforce_eager = true): with graphs, a tensor the reload moves is read at its old"
+                        " address"
+                    )
+                continue
             if key in EXPECT_NUMBERS:
                 low, high = EXPECT_NUMBERS[key]
                 opening = "(" if key in POSITIVE else "["
@@ -212,7 +222,7 @@ class ScenarioFile(_Strict):
             # NAME-L1 / NAME-L2 exist only when [cycle] level lists several levels.
             names = [*self.variants, *(f"{v}-L{lv}" for v in self.variants for lv in levels if len(levels) > 1)]
             if key not in names:
-                hint = did_you_mean(key, [*names, *EXPECT_NUMBERS])
+                hint = did_you_mean(key, [*names, *EXPECT_NUMBERS, "graph_safe"])
                 raise ValueError(f"expect.{key}: no variant named {key!r}{hint}")
             if value not in EXPECTATIONS:
                 raise ValueError(f"expect.{key}: must be one of {', '.join(EXPECTATIONS)} (got {value!r})")

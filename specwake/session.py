@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from specwake.crashes import INPUT_REJECTED
 from specwake.errors import EXIT_PASS, InputError, ResultsUnwritable
 from specwake.events import Event, Events
 from specwake.hub import availability
@@ -165,7 +166,8 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
     if request.junit is not None:
         write_junit(request.junit, results)
     _append_step_summary(markdown, events)
-    return RunOutcome(results, root, markdown, exit_code([r.verdict for r in results]))
+    refused = any(v.crash_class == INPUT_REJECTED for r in results for v in r.variants)
+    return RunOutcome(results, root, markdown, exit_code([r.verdict for r in results], input_rejected=refused))
 
 
 def _run(

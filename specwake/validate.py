@@ -19,6 +19,7 @@ from specwake.engine import EngineInfo, install_stamp
 from specwake.errors import ScenarioError
 from specwake.events import Event, Events
 from specwake.files import write_cache
+from specwake.measure import probe_prompt
 from specwake.models import builder_env
 from specwake.scenario import Scenario, Variant
 
@@ -26,12 +27,19 @@ TIMEOUT_S = 300.0
 PREFIX = "SPECWAKE_VALIDATE "
 
 
-def request_for(scenario: Scenario, variant: Variant, model: str) -> dict[str, Any]:
+def request_for(scenario: Scenario, variant: Variant, model: str, draft_model: str | None = None) -> dict[str, Any]:
+    """What the variant's vLLM is asked to check: the [speculative] table, the server arguments, every prompt the
+    run sends (the scenario's and specwake's prefix-cache probe) against max_model_len, and the push_scale names."""
+    draft = draft_model or scenario.speculative.get("model")
     return {
         "model": model,
         "speculative": dict(scenario.speculative) if variant.speculative else {},
         "args": list(scenario.server.args),
         "variant_args": list(variant.args),
+        "draft_model": draft if isinstance(draft, str) else None,
+        "prompts": [*scenario.prompts, probe_prompt(scenario.cycle.count)],
+        "max_model_len": scenario.server.max_model_len,
+        "push_scale": [name for name, _ in variant.push_scale],
     }
 
 
@@ -97,20 +105,35 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
     if answer.get("variant_args_error"):
         where = f"variants.{variant.name}.args"
         raise ScenarioError(file, where, f"vLLM {version}'s argument parser: {answer['variant_args_error']}")
+    long = answer.get("too_long")
+    if isinstance(long, dict):
+        index, tokens, limit = int(long["index"]), int(long["tokens"]), int(long["limit"])
+        if index < len(scenario.prompts):
+            what, key = f"prompt {index + 1} is {tokens} tokens", "workload.prompts"
+        else:  # specwake's own prefix-cache probe, the last prompt asked about
+            what, key = f"specwake's prefix-cache probe is {tokens} tokens", "server.max_model_len"
+        raise ScenarioError(
+            file, key, f"{what}, longer than max_model_len {limit}: the server would refuse it (HTTP 400)"
+        )
+    unknown = answer.get("unknown_tensors") or []
+    if unknown:
+        reason = f"{', '.join(map(repr, unknown))} names no tensor of the checkpoint: nothing would be scaled"
+        raise ScenarioError(file, f"variants.{variant.name}.push_scale", reason)
 
 
-Check = tuple[Scenario, Variant, EngineInfo, str]  # a variant to check, its engine and its model reference
+# A variant to check, its engine, and its model and drafter references as the server gets them.
+Check = tuple[Scenario, Variant, EngineInfo, str, str | None]
 
 
 def validate_variants(checks: Sequence[Check], cache: Path | None, events: Events) -> None:
     """Have each variant's vLLM check its scenario, one process per interpreter for the whole run; raise
     ScenarioError for the first problem, in the order given. A vLLM that cannot answer is reported and skipped."""
     by_python: dict[str, list[int]] = {}
-    for index, (_, _, engine, _) in enumerate(checks):
+    for index, (_, _, engine, _, _) in enumerate(checks):
         by_python.setdefault(engine.python, []).append(index)
     answers: dict[int, dict[str, Any]] = {}
     for indices in by_python.values():
-        requests = [request_for(checks[i][0], checks[i][1], checks[i][3]) for i in indices]
+        requests = [request_for(checks[i][0], checks[i][1], checks[i][3], checks[i][4]) for i in indices]
         got = ask_engine(checks[indices[0]][2], requests, cache)
         if isinstance(got, str):
             for i in indices:
@@ -118,6 +141,8 @@ def validate_variants(checks: Sequence[Check], cache: Path | None, events: Event
                 events(Event(note, checks[i][1].name))
             continue
         answers.update(zip(indices, got, strict=True))
-    for index, (scenario, variant, _, _) in enumerate(checks):
+    for index, (scenario, variant, _, _, _) in enumerate(checks):
         if index in answers:
             check_answer(scenario, variant, answers[index])
+            for reason in answers[index].get("skipped") or []:
+                events(Event(f"not checked: {reason}", variant.name))

@@ -16,9 +16,9 @@ import httpx
 from specwake import diagnose
 from specwake.client import VllmClient
 from specwake.completions import Completer, Completion
-from specwake.crashes import OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
+from specwake.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
 from specwake.cycle import push_request, run_cycle
-from specwake.errors import Interrupted, ServerFault, StartupFailed
+from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFailed
 from specwake.events import Event, Events
 from specwake.measure import Workload, run_stage, stage_name
 from specwake.plan import redact_env
@@ -26,7 +26,15 @@ from specwake.prepare import PreparedVariant, check_imports, plan_variant
 from specwake.results import StageResult, StepResult, VariantResult
 from specwake.scenario import Scenario
 from specwake.server import Server, ServerSpec, describe_exit, free_port
-from specwake.verdict import INCOMPLETE, decide_outcome, findings, outcome_matches, speed_rule
+from specwake.verdict import (
+    INCOMPLETE,
+    decide_outcome,
+    findings,
+    judges_drafter,
+    outcome_matches,
+    sleep_ignored,
+    speed_rule,
+)
 from specwake.weights import restored
 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
@@ -254,6 +262,9 @@ class VariantRun:
         if self.cancel is not None and self.cancel.is_set():
             # Our server was stopped because the run is interrupted: not a crash, the variant stays incomplete.
             raise Interrupted(f"{self.name}: interrupted during {self.phase}")
+        if isinstance(fault, InputRejected):  # the scenario's mistake, not vLLM's: no crash class to look for
+            self._fail(INPUT_REJECTED, f"{MEANINGS[INPUT_REJECTED]} during {self.phase}: {fault}", None)
+            return
         alive = not self.server.exited_within(EXIT_SETTLE_S)
         code = self.server.returncode()
         message = str(fault) if alive or code is None else f"{fault} (server {describe_exit(code)})"
@@ -278,6 +289,8 @@ class VariantRun:
 
     def result(self) -> VariantResult:
         """The variant's result so far; outcome `incomplete` while phases remain (partial result files)."""
+        prep, variant = self.prep, self.prep.variant
+        push = {"to": list(variant.push_to), "scale": dict(variant.push_scale)} if self._pushing else None
         if not self.complete:
             outcome = INCOMPLETE
         else:
@@ -286,11 +299,12 @@ class VariantRun:
                 tolerance=self.scenario.tolerance,
                 failure=self.crash_class,
                 target_restored=restored(self.diagnostics, "target"),
+                draft_restored=restored(self.diagnostics, "draft") if judges_drafter(push) else None,
                 speed=speed_rule(self.scenario.min_speedup_recovery, self.prep.l2_discard),
-                speculative=self.prep.variant.speculative,
-                perturbed=self._pushing and bool(self.prep.variant.push_scale),
+                speculative=variant.speculative,
+                perturbed=self._pushing and bool(variant.push_scale),
+                sleep_ignored=sleep_ignored(variant.level, prep.l2_discard, self._pushing),
             )
-        prep, variant = self.prep, self.prep.variant
         workers = self.info.get("workers") or []
         result = VariantResult(
             name=self.name,
@@ -325,7 +339,7 @@ class VariantRun:
             },
             seconds=round((self.ended if self.ended is not None else self.clock()) - self.started, 2),
             diagnostics=list(self.diagnostics),
-            push={"to": list(variant.push_to), "scale": dict(variant.push_scale)} if self._pushing else None,
+            push=push,
         )
         if outcome == INCOMPLETE:
             return result

@@ -7,14 +7,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from specwake.crashes import ERROR_CLASSES
-from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
+from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_PASS
 from specwake.results import ScenarioResult, StageResult, StepResult, VariantResult
 from specwake.speed import SpeedCall, speed_call
-from specwake.weights import weights_line
+from specwake.weights import Restore, moved, weights_line, worst_restore
 
-OUTCOMES = ("recover", "collapse", "corrupt", "crash", "degraded", "error", "floor")
+OUTCOMES = ("recover", "collapse", "corrupt", "crash", "degraded", "error", "floor", "untested")
+# Outcomes that say nothing about the wake: they never meet an expectation, and make a scenario's verdict `error`.
+NOT_TESTED = ("error", "untested")
 EXPECTATIONS = ("recover", "collapse", "corrupt", "crash", "any")
 VERDICTS = ("pass", "fail", "error")
 INCOMPLETE = "incomplete"  # the runner's label for a variant still running in a partial result
@@ -107,25 +110,32 @@ def decide_outcome(
     tolerance: float,
     failure: str | None = None,
     target_restored: bool | None = None,
+    draft_restored: bool | None = None,
     speed: SpeedRule | None = None,
     collapse_al: float = COLLAPSE_AL,
     speculative: bool = True,
     perturbed: bool = False,
+    sleep_ignored: bool = False,
 ) -> str:
     """The outcome of one variant; the first rule that applies wins. A variant run without speculation (the
     no-speculation floor) ends as `floor` unless it failed or its target was not restored. A perturbed push
     (`perturbed`) must change the output: it is `degraded` when it did not, and never `corrupt` for changing it.
 
-    error (`failure` is a class meaning the variant was never measured: startup_failed, port_conflict, ...) →
-    crash (any other failure, whatever was measured before) → corrupt (a post-cycle stage's completions differ
-    from fresh, or the target's weights do not match their fresh checksums after reload_weights: the target
-    was not restored) → collapse (a post-cycle stage drafted and AL ≤ collapse_al) → recover (every post-cycle
-    AL ≥ (1 − tolerance) × fresh, and, where `speed` is binding, speed not clearly lost; see specwake.speed)
-    → degraded (everything else, including no drafts at all, no fresh stage, no post-cycle stage).
+    error (nothing measured, not even the fresh stage; or `failure` is a class meaning the variant was never
+    measured or the scenario asked for what the server refuses: startup_failed, input_rejected, ...) → crash (any
+    other failure after a measured fresh stage) → corrupt (a post-cycle stage's completions differ from fresh, or
+    the target's weights do not match their fresh checksums after a reload or push: the target was not restored) →
+    floor → untested (`sleep_ignored`: the engine ignored the sleep and nothing emulated it, so no cycle tested
+    anything) → collapse (a post-cycle stage drafted and AL ≤ collapse_al) → degraded, when the drafter's weights do
+    not match fresh after a reload from its checkpoint (`draft_restored` False) → recover (every post-cycle AL ≥
+    (1 − tolerance) × fresh, and, where `speed` is binding, speed not clearly lost; see specwake.speed) → degraded
+    (everything else, including no drafts at all, no post-cycle stage).
     """
     _check_tolerance(tolerance)
     if failure is not None:
-        return "error" if failure in ERROR_CLASSES else "crash"
+        return "error" if failure in ERROR_CLASSES or _fresh(stages) is None else "crash"
+    if _fresh(stages) is None:
+        return "error"
     if perturbed:
         if _diverged(stages) is None:
             return "degraded"
@@ -133,9 +143,13 @@ def decide_outcome(
         return "corrupt"
     if not speculative:
         return "floor"
+    if sleep_ignored:
+        return "untested"
     post = _post(stages)
     if any(_collapsed(s, collapse_al) for s in post):
         return "collapse"
+    if draft_restored is False:
+        return "degraded"
     fresh = _fresh(stages)
     fresh_al = fresh.acceptance_length if fresh is not None else None
     if post and fresh_al is not None:
@@ -148,12 +162,12 @@ def decide_outcome(
 
 
 def outcome_matches(outcome: str, expected: str) -> bool:
-    """Whether an outcome meets its expectation; `any` matches everything but `error`."""
+    """Whether an outcome meets its expectation; `any` matches everything but `error` and `untested`."""
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r} (one of {', '.join(OUTCOMES)})")
     if expected not in EXPECTATIONS:
         raise ValueError(f"unknown expectation {expected!r} (one of {', '.join(EXPECTATIONS)})")
-    if outcome == "error":
+    if outcome in NOT_TESTED:
         return False
     return expected == "any" or outcome == expected
 
@@ -163,20 +177,40 @@ def decide_verdict(variants: Sequence[tuple[str, bool]]) -> str:
     and the variant has no findings: pass | fail | error."""
     if not variants:
         return "error"
-    if any(outcome != "error" and not matched for outcome, matched in variants):
+    if any(outcome not in NOT_TESTED and not matched for outcome, matched in variants):
         return "fail"
-    if any(outcome == "error" for outcome, _ in variants):
+    if any(outcome in NOT_TESTED for outcome, _ in variants):
         return "error"
     return "pass"
 
 
+SLEEP_IGNORED = "vLLM ignores sleep on CPU (its CPU worker logs 'sleep mode is not supported on CPU, ignore it')"
+
+
+def sleep_ignored(level: int, l2_discard: str, pushing: bool) -> bool:
+    """Whether a cycle tests nothing: an L1 sleep on an engine without sleep mode (CPU), which ignores it, and no
+    push to put new weights in. At L2 specwake emulates the discard; at L1 nothing stands in for the offload."""
+    return level == 1 and l2_discard == "emulated" and not pushing
+
+
+def judges_drafter(push: dict[str, Any] | None) -> bool:
+    """Whether the drafter must match its fresh checksums after the wake: after a reload from its checkpoint
+    (reload_weights, `push` None), or a push into it without scaling."""
+    if push is None:
+        return True
+    return "draft" in (push.get("to") or []) and not push.get("scale")
+
+
 @dataclass(frozen=True)
 class Limits:
-    """[expect] bounds beyond the outcome; each None when the scenario sets none."""
+    """[expect] bounds beyond the outcome; each number None when the scenario sets none."""
 
     max_logprob_drift: float | None = None  # largest |Δ logprob| against fresh after a cycle
     max_rss_growth_mb: float | None = None  # host RSS after the last cycle's wake minus after the first's
     max_wake_s: float | None = None  # the slowest cycle's wake: wake steps and reload, in seconds
+    # A tensor the reload put at a new address is a finding: a CUDA graph captured before the sleep still reads the
+    # old one. False only for a scenario that never captures graphs (server.enforce_eager).
+    graph_safe: bool = True
 
 
 WAKE_STEPS = ("wake_weights", "reload_weights", "push", "wake_kv_cache", "wake_up")
@@ -202,9 +236,10 @@ def rss_after_wake(steps: Sequence[StepResult]) -> dict[int, int]:
 
 
 def findings(variant: VariantResult, limits: Limits) -> list[str]:
-    """What is wrong beyond the outcome, each a line naming the stage or cycle: a prefix cache that served tokens
-    right after a wake (its hashes outlived the discard), and [expect] limits exceeded."""
-    found = []
+    """What is wrong beyond the outcome, each a line naming the stage or cycle: tensors a reload moved to new storage
+    (unless the scenario is not graph-safe), a prefix cache that served tokens right after a wake (its hashes outlived
+    the discard), and [expect] limits exceeded."""
+    found = [m.finding() for m in moved(variant.diagnostics)] if limits.graph_safe else []
     for stage in _post(variant.stages):
         if stage.prefix_cached:
             found.append(
@@ -234,13 +269,16 @@ def findings(variant: VariantResult, limits: Limits) -> list[str]:
     return found
 
 
-def exit_code(verdicts: Sequence[str]) -> int:
-    """0 when every verdict passed; 1 when any failed (wins over 3); 3 on any error or none."""
+def exit_code(verdicts: Sequence[str], *, input_rejected: bool = False) -> int:
+    """0 when every verdict passed; 1 when any failed (wins over the rest); 2 on an error where the server refused
+    the scenario's own input (`input_rejected`: bad input, found only once running); 3 on any other error or none."""
     unknown = [v for v in verdicts if v not in VERDICTS]
     if unknown:
         raise ValueError(f"unknown verdict {unknown[0]!r} (one of {', '.join(VERDICTS)})")
     if "fail" in verdicts:
         return EXIT_FAIL
+    if "error" in verdicts and input_rejected:
+        return EXIT_INPUT
     if "error" in verdicts or not verdicts:
         return EXIT_INFRA
     return EXIT_PASS
@@ -332,8 +370,16 @@ def explain(variant: VariantResult, tolerance: float, *, collapse_al: float = CO
     """One human line: why the variant got its outcome, with the numbers."""
     stages = variant.stages
     if variant.outcome == "error":
+        if variant.crash_class is None:
+            return "nothing was measured, not even the fresh stage: nothing about sleep or wake was tested"
         reason = _first_line(variant.error) or "no error text"
-        return f"not measured ({variant.crash_class or 'startup_failed'}): {reason}"
+        when = "" if variant.crash_class in ERROR_CLASSES else " before the fresh stage was measured"
+        return f"not measured ({variant.crash_class}{when}): {reason}"
+    if variant.outcome == "untested":
+        return (
+            f"{_al_chain(stages)}, but {SLEEP_IGNORED}: nothing was slept, discarded or woken, so the cycles tested"
+            " nothing"
+        )
     if variant.outcome == "crash":
         what = f"crashed ({variant.crash_class or 'unknown'})"
         reason = _first_line(variant.error)
@@ -354,4 +400,19 @@ def explain(variant: VariantResult, tolerance: float, *, collapse_al: float = CO
             return f"{_al_chain(stages)} (the perturbed push left the output unchanged: the new weights did not arrive)"
         why = _why_measured(stages, tolerance, collapse_al)
         return f"{_al_chain(stages)} ({why}; the output changed, as the perturbed push intends)"
-    return f"{_al_chain(stages)} ({_why_measured(stages, tolerance, collapse_al)})"
+    why = _why_measured(stages, tolerance, collapse_al)
+    unrestored = unrestored_drafter(variant)
+    if unrestored is not None:
+        why += (
+            f"; but the drafter was not restored: {unrestored.text()} after {unrestored.what} in cycle"
+            f" {unrestored.cycle}"
+        )
+    return f"{_al_chain(stages)} ({why})"
+
+
+def unrestored_drafter(variant: VariantResult) -> Restore | None:
+    """Why a `degraded` variant's drafter kept it from `recover`: its worst reload from the drafter's checkpoint, if
+    the drafter was judged there and did not match fresh."""
+    if variant.outcome != "degraded" or not judges_drafter(variant.push):
+        return None
+    return worst_restore(variant.diagnostics, "draft")

@@ -1,16 +1,19 @@
-"""Pure readings of the diagnostics a run recorded (see specwake.diagnose): whether target and drafter weights
-match their fresh checksums after reload_weights, and the one-line summaries the report shows
-("draft: 6/11 tensors differ from fresh after reload_weights", "device memory: …").
+"""Pure readings of the diagnostics a run recorded (see specwake.diagnose): whether target and drafter match their
+fresh checksums after every reload or push, which tensors moved to new storage, what the emulated discard took, and
+the one-line summaries the report shows ("draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; …").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 GIB = 1024**3
 RESTORE_POINTS = ("after reload_weights", "after push")  # where weights should be back
 ROLES = ("target", "draft")
+KIND_WORDS = {"parameter": "parameters", "buffer": "buffers", "attribute": "tensor attributes"}
+GRAPH_HAZARD = "a CUDA graph captured before the sleep reads the old memory"
 
 
 def _at(diagnostics: Sequence[dict[str, Any]], point: str, cycle: int | None = None) -> dict[str, Any] | None:
@@ -25,15 +28,28 @@ def _role(fingerprint: Any, role: str) -> dict[str, Any] | None:
     return part if isinstance(part, dict) and part.get("present", True) else None
 
 
+def _kinds(counts: Any) -> str:
+    """`5 parameters, 2 tensor attributes` from {"parameter": 5, "buffer": 0, "attribute": 2}; "" when empty."""
+    if not isinstance(counts, dict):
+        return ""
+    return ", ".join(f"{int(n)} {KIND_WORDS.get(k, k)}" for k, n in counts.items() if isinstance(n, int) and n)
+
+
+def _not_restored(part: dict[str, Any]) -> int:
+    """How many of one rank's tensors are not back as fresh (differing, on meta, or a packed copy still discarded)."""
+    return int(part.get("differ", 0)) + int(part.get("on_meta", 0)) + int(part.get("packed_discarded", 0))
+
+
 def _rank_text(part: dict[str, Any]) -> tuple[str, str]:
     """(the count phrase, the notes) of one rank's fingerprint of one model."""
     tensors = int(part.get("tensors", 0))
     if "differ" in part:
         count = f"{int(part['differ'])}/{int(part.get('compared', tensors))} tensors differ from fresh"
-        if part.get("packed"):
-            count += (
-                f", {int(part.get('packed_discarded', 0))}/{int(part['packed'])} packed CPU weights still discarded"
-            )
+        by_kind = part.get("differ_by_kind")
+        if part["differ"] and isinstance(by_kind, dict) and any(by_kind.get(k) for k in ("buffer", "attribute")):
+            count += f" ({_kinds(by_kind)})"
+        if part.get("packed_discarded"):
+            count += f", {int(part['packed_discarded'])}/{int(part['packed'])} packed CPU weights still discarded"
     else:  # result files written before checksums were compared
         count = f"{int(part.get('all_zero', 0)) + int(part.get('on_meta', 0))}/{tensors} parameters all-zero or on meta"
     notes = []
@@ -48,39 +64,152 @@ def _rank_text(part: dict[str, Any]) -> tuple[str, str]:
     return count, "; ".join(notes)
 
 
+@dataclass(frozen=True)
+class Restore:
+    """One model's fingerprint after one reload or push: every rank's part."""
+
+    role: str
+    cycle: int
+    point: str
+    parts: tuple[dict[str, Any] | None, ...]
+
+    @property
+    def what(self) -> str:
+        return self.point.removeprefix("after ")
+
+    @property
+    def not_restored(self) -> int:
+        return sum(_not_restored(p) for p in self.parts if p is not None and "differ" in p)
+
+    def text(self) -> str:
+        """The count phrase, per rank when ranks differ."""
+        texts = [_rank_text(p)[0] for p in self.parts if p is not None]
+        if len(set(texts)) == 1:
+            return texts[0]
+        return ", ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
+
+
+def restores(diagnostics: Sequence[dict[str, Any]], role: str) -> list[Restore]:
+    """`role`'s fingerprints after every reload or push, in cycle order."""
+    found = []
+    for entry in diagnostics:
+        if entry.get("point") in RESTORE_POINTS and entry.get("fingerprints"):
+            parts = tuple(_role(fp, role) for fp in entry["fingerprints"])
+            found.append(Restore(role, int(entry.get("cycle", 0)), str(entry["point"]), parts))
+    return found
+
+
+def _cycles(numbers: Sequence[int]) -> str:
+    """`cycle 2`, `cycles 1, 3–20`."""
+    ordered = sorted(set(numbers))
+    runs: list[list[int]] = []
+    for n in ordered:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
+    return f"cycle{'s' if len(ordered) > 1 else ''} {text}"
+
+
 def weights_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None:
-    """`draft: 6/11 tensors differ from fresh after reload_weights (…)` from the first cycle; per rank when
-    ranks differ; None when no fingerprint was taken there."""
-    entry = next((e for e in diagnostics if e.get("point") in RESTORE_POINTS), None)
-    point = str(entry.get("point")) if entry is not None else ""
-    if entry is None or not entry.get("fingerprints"):
+    """`draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; 0/11 in cycle 1`: every cycle, the worst
+    first, cycles with the same reading together; None when no fingerprint was taken after a reload or push."""
+    found = restores(diagnostics, role)
+    if not found:
         return None
-    parts = [_role(fp, role) for fp in entry["fingerprints"]]
-    if any(part is None for part in parts):
+    if any(part is None for r in found for part in r.parts):
         return f"{role}: no separate drafter parameters found" if role == "draft" else None
-    texts = [_rank_text(part) for part in parts if part is not None]
-    what = point.removeprefix("after ")
-    if len(set(texts)) == 1:
-        count, notes = texts[0]
-        return f"{role}: {count} after {what}" + (f" ({notes})" if notes else "")
-    ranks = ", ".join(f"rank {r}: {count}" for r, (count, _) in enumerate(texts))
-    return f"{role} after {what}: {ranks}"
+    groups: dict[str, list[Restore]] = {}
+    for r in found:
+        groups.setdefault(r.text(), []).append(r)
+    ordered = sorted(groups.items(), key=lambda g: (-max(r.not_restored for r in g[1]), g[1][0].cycle))
+    first = next(p for p in found[0].parts if p is not None)
+    notes = _rank_text(first)[1]
+    (text, rs), *rest = ordered
+    line = f"{role}: {text} after {rs[0].what} in {_cycles([r.cycle for r in rs])}"
+    line += "".join(f"; {t} in {_cycles([r.cycle for r in g])}" for t, g in rest)
+    return line + (f" ({notes})" if notes else "")
 
 
 def restored(diagnostics: Sequence[dict[str, Any]], role: str) -> bool | None:
-    """Whether every rank's `role` matched its fresh checksums after every reload_weights; None if unknown."""
-    seen = False
-    for entry in diagnostics:
-        if entry.get("point") not in RESTORE_POINTS:
+    """Whether every rank's `role` matched its fresh checksums after every reload or push; None if unknown."""
+    judged = [r for r in restores(diagnostics, role) if any(p is not None and "differ" in p for p in r.parts)]
+    if not judged:
+        return None
+    return all(r.not_restored == 0 for r in judged)
+
+
+def worst_restore(diagnostics: Sequence[dict[str, Any]], role: str) -> Restore | None:
+    """The reload or push after which `role` was furthest from fresh (the first such cycle), if any was not."""
+    worst = max(restores(diagnostics, role), key=lambda r: (r.not_restored, -r.cycle), default=None)
+    return worst if worst is not None and worst.not_restored else None
+
+
+@dataclass(frozen=True)
+class Moved:
+    """Tensors of one model at a new address after a reload or push, on the rank with the most."""
+
+    role: str
+    cycle: int
+    point: str
+    count: int
+    by_kind: dict[str, int]
+    names: tuple[str, ...]
+
+    def finding(self) -> str:
+        kinds = _kinds(self.by_kind)
+        names = ", ".join(self.names) + ("…" if self.count > len(self.names) else "")
+        detail = "; ".join(part for part in (kinds, names) if part)
+        what = self.point.removeprefix("after ")
+        return (
+            f"{self.role}: {self.count} tensor{'s' if self.count != 1 else ''} in new storage after {what} in cycle "
+            f"{self.cycle} ({detail}): {GRAPH_HAZARD}"
+        )
+
+
+def moved(diagnostics: Sequence[dict[str, Any]]) -> list[Moved]:
+    """Per model, the first reload or push after which tensors sat at another address than when fresh."""
+    found = []
+    for role in ROLES:
+        for r in restores(diagnostics, role):
+            parts = [p for p in r.parts if p is not None and p.get("moved")]
+            if parts:
+                top = max(parts, key=lambda p: int(p["moved"]))
+                kinds = top.get("moved_by_kind")
+                by_kind = {str(k): int(n) for k, n in kinds.items()} if isinstance(kinds, dict) else {}
+                names = tuple(str(n) for n in top.get("moved_names") or [])
+                found.append(Moved(role, r.cycle, r.point, int(top["moved"]), by_kind, names))
+                break
+    return found
+
+
+def discard_line(steps: Sequence[Any]) -> str | None:
+    """What the first emulated discard took, per model: `discarded — target: 15 parameters, 4 tensor attributes, 7
+    packed CPU weights; 10 buffers kept · draft: …` (per rank when ranks differ); None without a discard answer."""
+    step = next((s for s in steps if getattr(s, "name", None) == "discard" and getattr(s, "response", None)), None)
+    results = step.response.get("results") if step is not None and isinstance(step.response, dict) else None
+    if not results:
+        return None
+    texts = [_discard_text(answer) for answer in results if isinstance(answer, dict)]
+    if not texts or any(t is None for t in texts):
+        return None
+    if len(set(texts)) == 1:
+        return f"discarded (emulated) — {texts[0]}"
+    return "discarded (emulated) — " + " · ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
+
+
+def _discard_text(answer: dict[str, Any]) -> str | None:
+    parts = []
+    for role in ROLES:
+        counts = answer.get(role)
+        if not isinstance(counts, dict):
             continue
-        for fp in entry.get("fingerprints") or []:
-            part = _role(fp, role)
-            if part is None or "differ" not in part:
-                continue
-            seen = True
-            if part["differ"] or part.get("on_meta") or part.get("packed_discarded"):
-                return False
-    return True if seen else None
+        lost = [f"{int(counts.get('parameter', 0))} parameters", f"{int(counts.get('attribute', 0))} tensor attributes"]
+        if counts.get("packed"):
+            lost.append(f"{int(counts['packed'])} packed CPU weights")
+        parts.append(f"{role}: {', '.join(lost)}; {int(counts.get('buffer_kept', 0))} buffers kept")
+    return " · ".join(parts) or None
 
 
 def _free(entry: dict[str, Any] | None) -> list[int | None]:

@@ -125,8 +125,20 @@ def fire_faults(faults: list[tuple[str, str]], event: str) -> None:
             time.sleep(1.0)  # keep the request open so the signal lands while specwake waits on it
 
 
-def rpc_result(state: State, method: str) -> object:
+CHECKPOINT = ("model.embed_tokens.weight", "lm_head.weight")  # the fake checkpoint's tensor names
+
+
+def rpc_result(state: State, method: str, kwargs: dict) -> object:
     """The per-worker result of a collective_rpc method (caller holds the lock)."""
+    if method == "specwake_push":  # the worker extension's answer: scale names no pushed tensor matched
+        request = json.loads(kwargs.get("request") or "{}")
+        scale = dict(request.get("scale") or {})
+        state.vllm.reload()
+        return {
+            "pushed": dict.fromkeys(request.get("to") or ["target"], "pushed"),
+            "scaled": sorted(n for n in scale if n in CHECKPOINT),
+            "unmatched": sorted(n for n in scale if n not in CHECKPOINT),
+        }
     if method == "reload_weights":
         if state.args.mode == "crash-on-reload":
             print("CUDA error: an illegal memory access was encountered", file=sys.stderr)
@@ -136,7 +148,8 @@ def rpc_result(state: State, method: str) -> object:
         return None
     if method == "specwake_emulate_discard":
         state.vllm.discard()
-        return {"filled_tensors": 3, "skipped_tensors": 0, "draft_present": True}
+        counts = {"parameter": 2, "attribute": 0, "packed": 0, "buffer_kept": 1}  # the worker extension's shape
+        return {"fill": "zero", "filled_elements": 24, "draft_present": True, "target": counts, "draft": counts}
     if method == "specwake_info":
         spec = importlib.util.find_spec("vllm")
         vllm_file = spec.origin if spec and spec.origin else "/fake/site-packages/vllm/__init__.py"
@@ -242,7 +255,7 @@ class Handler(BaseHTTPRequestHandler):
         state = self.state
         with state.lock:
             try:
-                result = rpc_result(state, str(body.get("method")))
+                result = rpc_result(state, str(body.get("method")), dict(body.get("kwargs") or {}))
             except AttributeError as exc:
                 self.reply(500, {"error": {"message": f"AttributeError: {exc}"}})
                 return
@@ -283,6 +296,15 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(3600)
         tokens = int(req.get("max_tokens") or 16)
         prompt = str(req.get("prompt", ""))
+        if state.args.max_model_len and len(prompt) > state.args.max_model_len:  # vLLM's text, renderers/params.py
+            msg = (
+                f"This model's maximum context length is {state.args.max_model_len} tokens. However, your prompt"
+                f" contains {len(prompt)} input tokens, which exceeds this limit even without any output tokens."
+                " Please reduce the length of the input prompt."
+            )
+            error = {"message": msg, "type": "BadRequestError", "param": "input_tokens", "code": 400}
+            self.reply(400, {"error": error})
+            return
         with state.lock:
             steps, cached = state.vllm.complete(prompt, tokens)
             al = state.vllm.acceptance_length()
@@ -336,6 +358,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-spec-metrics", action="store_true")
     p.add_argument("--reset-counters-at", type=int, default=0, help="N-th completion")
     p.add_argument("--no-prefix-cache", action="store_true", help="never report cached prompt tokens")
+    p.add_argument("--max-model-len", type=int, default=0, help="refuse longer prompts (one token a character)")
     p.add_argument("--stale-prefix-cache", action="store_true", help="/reset_prefix_cache keeps the hashes")
     return p.parse_args(argv)
 

@@ -59,7 +59,7 @@ class MockVllm:
             return httpx.Response(200, json={"data": [{"id": "m"}]})
         if key == "specwake_emulate_discard":
             self.model.discard()
-            return httpx.Response(200, json={"results": [{"filled_tensors": 10}]})
+            return httpx.Response(200, json={"results": [{"filled_elements": 10}]})
         if key == "reload_weights":
             self.model.reload(draft_too=self.reload_restores_draft)
             return httpx.Response(200)

@@ -150,19 +150,43 @@ class DSparkLikeDraft(nn.Module):
         self.model._build_fused_kv_buffers()  # at the end of load_weights, as vLLM's drafters do
 
 
-def check_fused_buffers_are_rebuilt_after_finalization() -> None:
+def dspark_pair() -> tuple[nn.Module, DSparkLikeDraft, dict[str, torch.Tensor]]:
+    """A DSpark-like drafter as loaded (fused buffers built once), then discarded by an L2 sleep."""
     target = nn.Module()
     target.rotary, target.body = Rotary(), Linear(4, 4)
     draft = DSparkLikeDraft(target.rotary)
+    draft.model._build_fused_kv_buffers()  # the first load_weights() ends with it
+    draft.model.builds = 0
     record_metadata_for_reloading(target)
     record_metadata_for_reloading(draft)
+    with torch.no_grad():
+        for tensor in [*draft.parameters(), draft.model.fused]:
+            tensor.zero_()  # an L2 discard: the fused copy lived in the weights pool too
     checkpoint = {"model.k.weight": torch.randn(4, 4), "model.v.weight": torch.randn(4, 4)}
+    return target, draft, checkpoint
+
+
+def check_fused_buffers_are_rebuilt_after_finalization() -> None:
+    target, draft, checkpoint = dspark_pair()
     reload(draft, target, checkpoint)
     inner = draft.model
     assert inner.builds == 2, f"built {inner.builds} times; expected once in load_weights and once after finalize"
     assert not inner.cos.is_meta and inner.cos is inner.own_rotary.cos_sin_cache, "a meta reference survived"
     assert torch.equal(inner.fused, torch.cat([checkpoint["model.k.weight"], checkpoint["model.v.weight"]]))
     assert draft.model.rotary is target.rotary
+
+
+def check_fused_buffers_keep_their_addresses() -> None:
+    """A CUDA graph captured before the sleep reads the fused buffer at its old address: the rebuilt values must be
+    there, not in a new tensor."""
+    target, draft, checkpoint = dspark_pair()
+    inner = draft.model
+    fused, cos = inner.fused, inner.cos
+    address = fused.data_ptr()
+    reload(draft, target, checkpoint)
+    assert inner.fused is fused and inner.fused.data_ptr() == address, "the fused buffer moved to new storage"
+    assert torch.equal(fused, torch.cat([checkpoint["model.k.weight"], checkpoint["model.v.weight"]]))
+    assert inner.cos is cos and inner.cos.data_ptr() == cos.data_ptr()
 
 
 CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}

@@ -83,4 +83,6 @@ BAD = [
     (MINIMAL + "[expect]\nbaseline-L2 = 'collapse'\n", "expect.baseline-L2", "no variant named"),
     (MINIMAL + "[cycle]\npush_to = ['draft']\n", "cycle.push_to", 'only with cycle.reload = "push"'),
     (MINIMAL + "[variants.baseline]\npush_scale = { 'x' = 2.0 }\n", "variants.baseline.push_scale", "only with"),
+    (MINIMAL + "[expect]\ngraph_safe = false\n", "expect.graph_safe", "server.enforce_eager = true"),
+    (MINIMAL + "[expect]\ngraph_safe = 1\n", "expect.graph_safe", "true or false"),
 ]

@@ -46,7 +46,7 @@ def test_l2_sequence_order_and_statuses() -> None:
         "/reset_prefix_cache",
     ]
     assert all(s.ok and s.status == 200 and s.cycle == 1 and s.seconds >= 0 for s in steps)
-    assert steps[1].response == {"results": [{"filled_tensors": 10}]}
+    assert steps[1].response == {"results": [{"filled_elements": 10}]}
 
 
 def test_native_discard_and_level_1() -> None:

@@ -112,6 +112,31 @@ def test_stock_leaves_the_drafter_unrestored_and_the_target_restored(run: dict[s
         assert all(fp["target"]["differ"] == 0 and fp["draft"]["differ"] > 0 for d in fps for fp in d["fingerprints"])
 
 
+def restore_points(v: dict[str, Any]) -> list[dict[str, Any]]:
+    return [fp for d in v["diagnostics"] if d["point"] == "after reload_weights" for fp in d["fingerprints"]]
+
+
+@pytest.mark.parametrize("scenario", sorted(FAMILIES))
+def test_stock_and_the_reference_fix_keep_every_tensor_at_its_address(run: dict[str, Any], scenario: str) -> None:
+    """Under CUDA graphs a moved tensor is read at its old, discarded address: neither may move one."""
+    for name in ("baseline", "patched"):
+        v = variant(run, scenario, name)
+        fingerprints = restore_points(v)
+        assert fingerprints and all(fp[role]["moved"] == 0 for fp in fingerprints for role in ("target", "draft"))
+        assert v["findings"] == [], (name, v["findings"])
+
+
+@pytest.mark.parametrize("scenario", sorted(FAMILIES))
+def test_the_discard_takes_every_kind_a_real_l2_sleep_takes(run: dict[str, Any], scenario: str) -> None:
+    discard = next(s for s in variant(run, scenario, "baseline")["steps"] if s["name"] == "discard")
+    for answer in discard["response"]["results"]:
+        for role in ("target", "draft"):
+            counts = answer[role]
+            assert counts["parameter"] > 0 and counts["packed"] > 0 and counts["buffer_kept"] > 0, (role, counts)
+        # the Gemma4 target's RMSNorm(has_weight=False) placeholders: discarded, as a GPU would, and never read
+        assert (answer["target"]["attribute"] > 0) == (scenario == "cpu-gemma4-mtp")
+
+
 def test_the_combined_report_shows_the_matrix(run: dict[str, Any]) -> None:
     report = (run["dir"] / "report.md").read_text()
     assert report in run["proc"].stdout or report.replace("&lt;", "<") in run["proc"].stdout

@@ -36,6 +36,21 @@ CASES = {
         "server.args",
         "--max-num-seqz",
     ),
+    "prompt longer than max_model_len, counted by the model's tokenizer": (
+        MINIMAL.replace("[server]", "[server]\nmax_model_len = 64") + f'[workload]\nprompts = ["hi", "{"x" * 80}"]\n',
+        "workload.prompts",
+        "prompt 2 is 81 tokens, longer than max_model_len 64: the server would refuse it (HTTP 400)",
+    ),
+    "max_model_len too short for specwake's own prefix-cache probe": (
+        MINIMAL.replace("[server]", "[server]\nmax_model_len = 128"),
+        "server.max_model_len",
+        "specwake's prefix-cache probe is",
+    ),
+    "push_scale naming no tensor of the checkpoint": (
+        MINIMAL + '[cycle]\nreload = "push"\n[variants.v]\npush_scale = { "model.layers.9.mlp.weight" = 2.0 }\n',
+        "variants.v.push_scale",
+        "'model.layers.9.mlp.weight' names no tensor of the checkpoint",
+    ),
     "variant argument vLLM does not know": (
         MINIMAL + '[variants.baseline]\n[variants.preserve]\nargs = ["--sleep-preserve-parameter-namez", "draft.*"]\n',
         "variants.preserve.args",

@@ -100,6 +100,22 @@ def test_error_and_unexpected_crash_are_errors_with_their_class() -> None:
     assert "illegal memory access" in (second.text or "")
 
 
+def test_an_untested_variant_is_an_error_and_a_finding_a_failure_that_names_it() -> None:
+    result = sample()
+    baseline, patched = result.variants
+    untested = replace(baseline, outcome="untested", expected="any", matched=False)
+    moved = "draft: 7 tensors in new storage after reload_weights in cycle 1 (…): a CUDA graph captured before"
+    found = replace(patched, matched=False, findings=[moved])
+    root = parse([with_variants(result, untested, found)])
+    assert counts(root) == (2, 1, 1)
+    error = root.find("testsuite/testcase[@name='baseline']/error")
+    assert error is not None and error.get("type") == "sleep_ignored"
+    assert "vLLM ignores sleep on CPU" in (error.get("message") or "")
+    failure = root.find("testsuite/testcase[@name='patched']/failure")
+    assert failure is not None and failure.get("type") == "finding"
+    assert (failure.get("message") or "").startswith("draft: 7 tensors in new storage")
+
+
 def test_expected_crash_passes() -> None:
     result = sample()
     crashed = replace(result.variants[0], outcome="crash", expected="crash", matched=True, crash_class="step_failed")

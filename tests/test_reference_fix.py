@@ -29,6 +29,7 @@ CHECKS = (
     "tied_draft_head_is_refilled_from_the_embedding_tensor",
     "modules_are_rebound_when_loading_fails",
     "fused_buffers_are_rebuilt_after_finalization",
+    "fused_buffers_keep_their_addresses",
 )
 
 
@@ -65,4 +66,17 @@ def test_the_checks_can_fail_on_the_naive_fix(tmp_path: Path) -> None:
     """The naive fix has no unbinding of target modules and no tied-head refill: the same checks must fail."""
     naive = run_checks(overlay_of(NAIVE, tmp_path / "cache"))
     assert naive.get("fused_buffers_are_rebuilt_after_finalization") != "ok"
+    assert naive.get("fused_buffers_keep_their_addresses") != "ok"
     assert naive.get("shared_embedding_is_never_written") != "ok"
+
+
+def test_the_address_check_fails_on_a_fix_that_rebuilds_into_new_storage(tmp_path: Path) -> None:
+    """The reference fix as it was before it copied rebuilt attributes back: the values are right, the storage new."""
+    text = PATCH.read_text()
+    copy_back = "+    copied = _copy_into_captured(captured)\n"
+    assert copy_back in text
+    moved = tmp_path / "rebuild-new-storage.diff"
+    moved.write_text(text.replace(copy_back, "+    copied = 0\n"))  # one line for one: the hunk stays valid
+    outcomes = run_checks(overlay_of(moved, tmp_path / "cache"))
+    assert outcomes.get("fused_buffers_are_rebuilt_after_finalization") == "ok"
+    assert "the fused buffer moved to new storage" in outcomes.get("fused_buffers_keep_their_addresses", "")

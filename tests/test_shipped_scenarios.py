@@ -62,6 +62,12 @@ def test_dspark_runs_its_drafter_against_the_model_it_was_trained_on() -> None:
     assert scenario.server.model == "Qwen/Qwen3-4B"  # BF16, not the FP8 variant
 
 
+def test_dspark_says_why_vllms_preserve_flag_cannot_recover_it() -> None:
+    """--sleep-preserve-parameter-names saves parameters; DSpark's fused copies are plain attributes."""
+    header = (SCENARIOS / "dspark.toml").read_text().split("[server]")[0]
+    assert "_fused_kv_weight" in header and "_save_sleep_parameters" in header and "expected collapse" in header
+
+
 def test_the_unconfirmed_qwen_mtp_id_is_flagged_in_the_header() -> None:
     header = (SCENARIOS / "qwen-mtp.toml").read_text().split("[server]")[0]
     assert "confirm" in header and "Qwen3.8-27B-FP8" in header
@@ -71,7 +77,8 @@ def test_the_unconfirmed_qwen_mtp_id_is_flagged_in_the_header() -> None:
 def test_gpu_files_carry_the_workaround_and_the_floor(name: str) -> None:
     variants = {v.name: v for v in load(name).variants}
     assert variants["preserve"].args == ("--sleep-preserve-parameter-names", "draft.*")
-    assert variants["preserve"].expected == ("any" if name == "eagle3-graphed.toml" else "recover")
+    expected = {"eagle3-graphed.toml": "any", "dspark.toml": "collapse"}.get(name, "recover")
+    assert variants["preserve"].expected == expected
     assert variants["floor"].speculative is False and variants["floor"].expected == "any"
 
 

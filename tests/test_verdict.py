@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from specwake.crashes import ERROR_CLASSES, MEANINGS
-from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS
+from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_PASS
 from specwake.results import StageResult, StepResult, VariantResult
 from specwake.verdict import (
     COLLAPSE_AL,
@@ -26,7 +26,9 @@ from specwake.verdict import (
     explain,
     findings,
     first_difference,
+    judges_drafter,
     outcome_matches,
+    sleep_ignored,
     speed_rule,
 )
 from tests import builders
@@ -99,21 +101,29 @@ def test_post_stage_without_drafts_is_not_collapse() -> None:
 @pytest.mark.parametrize(
     "stages",
     [
-        [],
         [stage(0, 4.0)],  # no post-cycle stage
-        [stage(1, 4.0)],  # no fresh stage
         [stage(0, None, drafts=0), stage(1, None, drafts=0)],  # speculation never drafted
     ],
-    ids=["nothing", "fresh-only", "post-only", "no-drafts"],
+    ids=["fresh-only", "no-drafts"],
 )
 def test_degraded_when_nothing_proves_recovery(stages: list[StageResult]) -> None:
     assert outcome(stages) == "degraded"
 
 
+@pytest.mark.parametrize("stages", [[], [stage(1, 4.0)]], ids=["nothing", "post-only"])
+@pytest.mark.parametrize("failure", [None, "server_exited", "step_failed", "request_timeout"])
+def test_without_a_fresh_stage_nothing_was_tested_error_whatever_failed(
+    stages: list[StageResult], failure: str | None
+) -> None:
+    assert outcome(stages, failure=failure) == "error"
+    assert not outcome_matches("error", "any")
+
+
 def test_crash_keeps_priority_over_its_partial_measurement() -> None:
     measured = [stage(0, 4.0), stage(1, 1.0)]
     assert outcome(measured, failure="step_failed") == "crash"
-    assert outcome([], failure="server_exited") == "crash"
+    assert outcome(measured[:1], failure="server_exited") == "crash"
+    assert outcome_matches("crash", "any")
 
 
 @pytest.mark.parametrize("cls", ERROR_CLASSES)
@@ -186,7 +196,7 @@ def test_bad_tolerance_is_rejected(tolerance: float) -> None:
 @pytest.mark.parametrize("out", OUTCOMES)
 @pytest.mark.parametrize("expected", EXPECTATIONS)
 def test_outcome_matches_table(out: str, expected: str) -> None:
-    should = out != "error" and (expected == "any" or expected == out)
+    should = out not in ("error", "untested") and (expected == "any" or expected == out)
     assert outcome_matches(out, expected) is should
 
 
@@ -256,6 +266,12 @@ def test_findings_name_a_stale_prefix_cache_and_every_limit_exceeded() -> None:
 )
 def test_exit_code(verdicts: list[str], code: int) -> None:
     assert exit_code(verdicts) == code
+
+
+def test_a_refused_input_makes_an_error_exit_2_but_a_failure_still_wins() -> None:
+    assert exit_code(["error", "pass"], input_rejected=True) == EXIT_INPUT
+    assert exit_code(["error", "fail"], input_rejected=True) == EXIT_FAIL
+    assert exit_code(["pass"], input_rejected=True) == EXIT_PASS
 
 
 def test_exit_code_rejects_unknown_verdict() -> None:
@@ -333,3 +349,67 @@ def test_a_variant_without_speculation_is_the_floor_unless_its_target_broke() ->
     assert outcome(no_drafts, speculative=False, failure="startup_failed") == "error"
     assert outcome_matches("floor", "any") and not outcome_matches("floor", "recover")
     assert "no speculation" in explain(variant("floor", no_drafts), TOL)
+
+
+# ------------------------------------------------------------ the drafter, moved storage, an ignored sleep
+
+
+def restore_point(cycle: int, draft_differ: int, moved: int = 0, point: str = "after reload_weights") -> dict:
+    """One rank's fingerprints after a reload: the target matches fresh; the drafter has `draft_differ` of 7 tensors
+    off and `moved` tensor attributes at a new address."""
+    target = {"tensors": 9, "compared": 9, "differ": 0, "moved": 0}
+    draft = {
+        "tensors": 7, "compared": 7, "differ": draft_differ, "differ_names": ["fc.weight"][:draft_differ],
+        "moved": moved, "moved_names": ["_fused"][:moved], "moved_by_kind": {"attribute": moved},
+    }  # fmt: skip
+    return {"cycle": cycle, "point": point, "fingerprints": [{"target": target, "draft": draft}]}
+
+
+def test_a_drafter_that_does_not_match_fresh_is_never_recover_even_while_al_holds() -> None:
+    held = [stage(0, 4.0), stage(1, 4.0), stage(2, 4.0)]
+    assert outcome(held, draft_restored=False) == "degraded"
+    assert outcome(held, draft_restored=True) == "recover" and outcome(held, draft_restored=None) == "recover"
+    assert outcome([stage(0, 4.0), stage(1, 1.0)], draft_restored=False) == "collapse"  # the stock drafter
+
+
+def test_the_explanation_names_the_worst_cycle_of_the_drafter() -> None:
+    diagnostics = [restore_point(1, 0), restore_point(2, 2)]  # restored on cycle 1, not on cycle 2
+    v = variant("degraded", [stage(0, 4.0), stage(1, 4.0), stage(2, 4.0)], diagnostics=diagnostics)
+    text = explain(v, TOL)
+    assert text.startswith("AL 4.00 → 4.00 → 4.00 (every post-cycle AL ≥ 3.80")
+    assert text.endswith(
+        "but the drafter was not restored: 2/7 tensors differ from fresh after reload_weights in cycle 2)"
+    )
+
+
+def test_the_drafter_is_judged_after_a_reload_from_its_checkpoint_only() -> None:
+    assert judges_drafter(None)  # reload_weights
+    assert judges_drafter({"to": ["target", "draft"], "scale": {}})
+    assert not judges_drafter({"to": ["target"], "scale": {}})  # the drafter keeps its discarded weights
+    assert not judges_drafter({"to": ["target", "draft"], "scale": {"lm_head.weight": 2.0}})  # changed on purpose
+
+
+def test_tensors_in_new_storage_are_a_finding_unless_the_scenario_never_captures_graphs() -> None:
+    v = variant("recover", [stage(0, 4.0), stage(1, 4.0)], diagnostics=[restore_point(1, 0, moved=1)])
+    assert findings(v, Limits()) == [
+        "draft: 1 tensor in new storage after reload_weights in cycle 1 (1 tensor attributes; _fused): a CUDA graph"
+        " captured before the sleep reads the old memory"
+    ]
+    assert findings(v, Limits(graph_safe=False)) == []
+    assert findings(replace(v, diagnostics=[restore_point(1, 0)]), Limits()) == []
+
+
+def test_an_ignored_l1_sleep_is_untested_which_no_expectation_accepts() -> None:
+    held = [stage(0, 4.0), stage(1, 4.0)]
+    assert sleep_ignored(1, "emulated", pushing=False)
+    assert not sleep_ignored(2, "emulated", pushing=False) and not sleep_ignored(1, "native", pushing=False)
+    assert not sleep_ignored(1, "emulated", pushing=True)  # a push still puts new weights in
+    assert outcome(held, sleep_ignored=True) == "untested"
+    assert outcome([stage(0, 4.0), diverged(1, 4.0)], sleep_ignored=True) == "corrupt"
+    assert not any(outcome_matches("untested", e) for e in EXPECTATIONS)
+    assert decide_verdict([("recover", True), ("untested", False)]) == "error"
+    assert "vLLM ignores sleep on CPU" in explain(variant("untested", held), TOL)
+
+
+def test_input_rejected_is_an_error_not_a_crash_even_after_the_fresh_stage() -> None:
+    assert outcome([stage(0, 4.0)], failure="input_rejected") == "error"

@@ -12,14 +12,9 @@ require_module("torch")  # torch comes with vLLM; the CLI side never imports it
 
 import torch  # noqa: E402
 
-from specwake.worker.extension import (  # noqa: E402
-    SpecwakeWorkerExtension,
-    checksum,
-    find_draft,
-    find_target,
-    fingerprint,
-    unique_parameters,
-)
+from specwake.worker.extension import SpecwakeWorkerExtension  # noqa: E402
+from specwake.worker.finders import find_draft, find_target  # noqa: E402
+from specwake.worker.tensors import checksum, fingerprint, inventory  # noqa: E402
 
 
 class Target(torch.nn.Module):
@@ -60,11 +55,13 @@ def test_finds_target_and_draft() -> None:
     assert find_draft(object()) is None
 
 
-def test_shared_parameters_counted_once() -> None:
-    runner = Runner()
-    params = list(unique_parameters([runner.model, runner.drafter.model]))
-    own = len(list(runner.model.parameters())) + len(list(runner.drafter.model.head.parameters()))
-    assert len(params) == own  # the shared embedding appears once
+def test_shared_memory_is_discarded_once_and_counted_for_both_models() -> None:
+    worker = Worker()
+    answer = worker.specwake_emulate_discard(fill="random")
+    own = sum(p.numel() for p in worker.model_runner.model.parameters())
+    own += sum(p.numel() for p in worker.model_runner.drafter.model.head.parameters())
+    assert answer["filled_elements"] == own  # the shared embedding is filled once ...
+    assert answer["draft"]["parameter"] == 3  # ... and counted as lost by the drafter too
 
 
 def test_fingerprint_counts() -> None:
@@ -84,11 +81,15 @@ def test_emulated_discard_zeroes_every_parameter_but_not_buffers() -> None:
     assert before["target"]["all_zero"] == 0 and before["draft"]["all_zero"] == 0
     assert before["draft"]["shared_with_target"] == 1
     report = worker.specwake_emulate_discard()
-    assert report["filled_tensors"] == 5 and report["draft_present"] is True  # 3 target + 2 head, embed once
+    assert report["draft_present"] is True
+    assert report["target"] == {"parameter": 3, "attribute": 0, "packed": 0, "buffer_kept": 1}
+    assert report["draft"] == {"parameter": 3, "attribute": 0, "packed": 0, "buffer_kept": 0}
     after = worker.specwake_fingerprint(compare_to="fresh")
     assert after["target"]["all_zero"] == after["target"]["tensors"]
     assert after["draft"]["all_zero"] == after["draft"]["tensors"]
-    assert after["target"]["differ"] == after["target"]["compared"] == 3
+    assert after["target"]["compared"] == 4
+    assert after["target"]["kinds"] == {"parameter": 3, "buffer": 1, "attribute": 0}
+    assert after["target"]["differ"] == 3 and after["target"]["differ_by_kind"]["buffer"] == 0
     assert after["draft"]["differ"] == 3 and after["draft"]["differ_names"] == [
         "embed.weight",
         "head.weight",
@@ -119,7 +120,7 @@ def test_a_restored_model_matches_fresh_exactly() -> None:
     worker.specwake_emulate_discard(fill="random")
     worker.model_runner.model.load_state_dict(saved)  # the target restored, the drafter's head not
     after = worker.specwake_fingerprint(compare_to="fresh")
-    assert after["target"]["differ"] == 0 and after["target"]["compared"] == 3
+    assert after["target"]["differ"] == 0 and after["target"]["compared"] == 4
     assert after["draft"]["differ_names"] == ["head.weight", "head.bias"]
 
 
@@ -178,7 +179,7 @@ def test_packed_cpu_weights_are_discarded_until_a_reload_replaces_them(fill: str
     x = torch.ones(1, 2)
     assert torch.equal(layer.cpu_linear(x, layer.weight, None), torch.full((1, 3), 2.0))
     worker.specwake_fingerprint(save_as="fresh")
-    assert worker.specwake_emulate_discard(fill=fill)["packed_filled"] == 1
+    assert worker.specwake_emulate_discard(fill=fill)["target"]["packed"] == 1
     assert check(layer.cpu_linear(x, layer.weight, None))
     after = worker.specwake_fingerprint(compare_to="fresh")["target"]
     assert after["packed"] == 1 and after["packed_discarded"] == 1 and after["empty"] == 1
@@ -186,7 +187,7 @@ def test_packed_cpu_weights_are_discarded_until_a_reload_replaces_them(fill: str
     assert worker.specwake_fingerprint(compare_to="fresh")["target"]["packed_discarded"] == 0
 
 
-def test_a_push_scale_naming_no_pushed_tensor_fails_the_push(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_push_scale_naming_no_pushed_tensor_is_answered_as_unmatched(monkeypatch: pytest.MonkeyPatch) -> None:
     """A typo in push_scale would push unperturbed weights and judge a 'perturbed' push on them."""
     from specwake.worker import push
 
@@ -201,7 +202,117 @@ def test_a_push_scale_naming_no_pushed_tensor_fails_the_push(monkeypatch: pytest
     monkeypatch.setattr(push, "push_target", push_target)
     worker = Worker()
     answer = worker.specwake_push('{"to": ["target"], "scale": {"lm_head.weight": 3.0}}')
-    assert answer == {"pushed": {"target": "pushed"}, "scaled": ["lm_head.weight"]}
+    assert answer == {"pushed": {"target": "pushed"}, "scaled": ["lm_head.weight"], "unmatched": []}
     assert pushed == [("model.embed.weight", 2.0), ("lm_head.weight", 6.0)]
-    with pytest.raises(ValueError, match="push_scale names no pushed tensor: lm_haed.weight"):
-        worker.specwake_push('{"to": ["target"], "scale": {"lm_haed.weight": 3.0}}')
+    typo = worker.specwake_push('{"to": ["target"], "scale": {"lm_haed.weight": 3.0}}')
+    assert typo["unmatched"] == ["lm_haed.weight"] and typo["scaled"] == []
+
+
+class FusedDraft(torch.nn.Module):
+    """Shaped like DSpark's drafter: a fused copy of two projections kept as a plain attribute, an attribute aliasing
+    a parameter, one aliasing a buffer; plus what is not a weight (KV cache, host-side scale copy) and a placeholder
+    no forward reads (RMSNorm(has_weight=False) keeps `weight` as a plain tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.k, self.v = torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
+        self.norm = torch.nn.LayerNorm(4)
+        torch.nn.init.constant_(self.norm.bias, 0.5)  # no weight is zero: a zero fill must change every one
+        self.register_buffer("cos_sin_cache", torch.arange(1.0, 9.0))
+        self.placeholder = torch.nn.Module()
+        self.placeholder.has_weight = False
+        self.placeholder.weight = torch.ones(4)
+        self.kv_cache = torch.ones(8)
+        self._k_scale_cpu = torch.tensor(1.0)
+        self.build()
+
+    def build(self) -> None:
+        self._fused = torch.cat([self.k.weight, self.v.weight]).detach()
+        self._norm_weight = self.norm.weight.data
+        self._cos = self.cos_sin_cache
+
+
+class FusedRunner(Runner):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drafter = type("Proposer", (), {"model": FusedDraft()})()
+
+
+class FusedWorker(SpecwakeWorkerExtension):
+    def __init__(self) -> None:
+        self.model_runner = FusedRunner()
+        self.rank = 0
+
+
+def test_the_inventory_names_every_kind_and_leaves_out_what_is_not_a_weight() -> None:
+    entries = {e.name: e for e in inventory(FusedDraft())}
+    kinds = {name: e.kind for name, e in entries.items()}
+    assert kinds == {
+        "k.weight": "parameter", "v.weight": "parameter", "norm.weight": "parameter", "norm.bias": "parameter",
+        "cos_sin_cache": "buffer",
+        "_fused": "attribute", "_norm_weight": "attribute", "_cos": "attribute", "placeholder.weight": "attribute",
+    }  # fmt: skip
+    assert entries["placeholder.weight"].unread and not entries["_fused"].unread
+
+
+def test_the_discard_reaches_plain_attributes_and_keeps_buffer_memory() -> None:
+    worker = FusedWorker()
+    draft = worker.model_runner.drafter.model
+    worker.specwake_fingerprint(save_as="fresh")
+    answer = worker.specwake_emulate_discard()
+    # _fused, the alias of norm.weight and the unread placeholder lost their memory; _cos shares the buffer's: kept
+    assert answer["draft"] == {"parameter": 4, "attribute": 3, "packed": 0, "buffer_kept": 1}
+    assert not draft._fused.any() and not draft._norm_weight.any() and not draft.placeholder.weight.any()
+    assert torch.equal(draft._cos, torch.arange(1.0, 9.0)) and bool(draft.kv_cache.eq(1).all())
+    assert float(draft._k_scale_cpu) == 1.0  # host memory on a GPU: outside the weights pool
+    after = worker.specwake_fingerprint(compare_to="fresh")["draft"]
+    assert after["kinds"] == {"parameter": 4, "buffer": 1, "attribute": 3} and after["unread"] == 1
+    assert after["host_side"] == 1
+    assert after["differ_by_kind"] == {"parameter": 4, "buffer": 0, "attribute": 2} and after["moved"] == 0
+
+
+def _reload_parameters(draft: FusedDraft, saved: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for name, param in draft.named_parameters():
+            param.copy_(saved[name])  # in place, as vLLM's layerwise reload does
+
+
+def test_a_reload_that_forgets_the_fused_attribute_leaves_it_differing() -> None:
+    worker = FusedWorker()
+    draft = worker.model_runner.drafter.model
+    saved = {name: p.detach().clone() for name, p in draft.named_parameters()}
+    worker.specwake_fingerprint(save_as="fresh")
+    worker.specwake_emulate_discard()
+    _reload_parameters(draft, saved)
+    after = worker.specwake_fingerprint(compare_to="fresh")["draft"]
+    assert after["differ"] == 1 and after["differ_names"] == ["_fused"] and after["moved"] == 0
+
+
+def test_tensors_rebuilt_or_rebound_in_new_storage_are_moved_even_with_equal_values() -> None:
+    worker = FusedWorker()
+    draft = worker.model_runner.drafter.model
+    saved = {name: p.detach().clone() for name, p in draft.named_parameters()}
+    worker.specwake_fingerprint(save_as="fresh")
+    worker.specwake_emulate_discard()
+    _reload_parameters(draft, saved)
+    draft.build()  # torch.cat: a new tensor, where a CUDA graph still reads the old one
+    draft.v.weight.data = draft.v.weight.data.clone()  # `param.data = …`: the parameter moves too
+    after = worker.specwake_fingerprint(compare_to="fresh")["draft"]
+    assert after["differ"] == 0
+    assert after["moved"] == 2 and sorted(after["moved_names"]) == ["_fused", "v.weight"]
+    assert after["moved_by_kind"] == {"parameter": 1, "buffer": 0, "attribute": 1}
+
+
+def test_an_attribute_rebuilt_in_place_neither_differs_nor_moves() -> None:
+    worker = FusedWorker()
+    draft = worker.model_runner.drafter.model
+    saved = {name: p.detach().clone() for name, p in draft.named_parameters()}
+    worker.specwake_fingerprint(save_as="fresh")
+    worker.specwake_emulate_discard()
+    _reload_parameters(draft, saved)
+    old = draft._fused
+    draft.build()
+    old.copy_(draft._fused)
+    draft._fused = old
+    after = worker.specwake_fingerprint(compare_to="fresh")["draft"]
+    assert after["differ"] == 0 and after["moved"] == 0

@@ -9,7 +9,7 @@ import shlex
 from specwake.report.cycles import ledger
 from specwake.report.markdown import MISSING, cell, fenced, inline
 from specwake.results import VariantResult
-from specwake.weights import ROLES, memory_line, weights_line
+from specwake.weights import ROLES, discard_line, memory_line, weights_line
 
 
 def _position_table(variant: VariantResult) -> list[str]:
@@ -42,6 +42,9 @@ def _diagnostic_lines(variant: VariantResult) -> list[str]:
     if isinstance(timings, dict) and timings:
         parts = [f"{k.replace('_', ' ')} {v:.1f} s" for k, v in timings.items() if isinstance(v, int | float)]
         lines.append("- time: " + " · ".join(parts))
+    discarded = discard_line(variant.steps)
+    if discarded is not None:
+        lines.append(discarded)
     if variant.diagnostics:
         weights = [weights_line(variant.diagnostics, role) for role in ROLES]
         lines += [f"- {line}" for line in (*weights, memory_line(variant.diagnostics)) if line is not None]

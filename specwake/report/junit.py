@@ -20,7 +20,7 @@ from specwake.errors import ResultsUnwritable
 from specwake.files import write_atomic
 from specwake.report.markdown import num
 from specwake.results import ScenarioResult, StageResult, VariantResult
-from specwake.verdict import INCOMPLETE, explain, recorded_tolerance
+from specwake.verdict import INCOMPLETE, NOT_TESTED, explain, outcome_matches, recorded_tolerance
 
 MESSAGE_MAX = 300  # characters of an attribute message; the full text goes in the element body
 # Characters outside XML 1.0's Char production (controls other than tab/newline/CR, surrogates, U+FFFE/F).
@@ -70,22 +70,26 @@ def _short(text: str) -> str:
 def _error_class(variant: VariantResult) -> str:
     if variant.outcome == INCOMPLETE:
         return "incomplete"
-    default = "startup_failed" if variant.outcome == "error" else "unknown"
+    default = {"error": "startup_failed", "untested": "sleep_ignored"}.get(variant.outcome, "unknown")
     return variant.crash_class or default
 
 
 def _problem(variant: VariantResult, tolerance: float) -> ET.Element | None:
     """The <failure> or <error> child of a variant's testcase; None when it passed."""
-    if variant.matched and variant.outcome not in ("error", INCOMPLETE):
+    if variant.matched and variant.outcome not in (*NOT_TESTED, INCOMPLETE):
         return None
-    if variant.outcome in ("error", "crash", INCOMPLETE):
+    if variant.outcome in (*NOT_TESTED, "crash", INCOMPLETE):
         cls = _error_class(variant)
         element = ET.Element("error", type=cls)
         element.set("message", _xml_safe(_short(f"{variant.outcome} ({cls}): {explain(variant, tolerance)}")))
         element.text = _body(variant, tolerance, with_log=True)
         return element
-    element = ET.Element("failure", type="outcome_mismatch")
-    element.set("message", _xml_safe(_short(f"expected {variant.expected}, got {variant.outcome}")))
+    if variant.findings and outcome_matches(variant.outcome, variant.expected):
+        element = ET.Element("failure", type="finding")
+        element.set("message", _xml_safe(_short(variant.findings[0])))
+    else:
+        element = ET.Element("failure", type="outcome_mismatch")
+        element.set("message", _xml_safe(_short(f"expected {variant.expected}, got {variant.outcome}")))
     element.text = _body(variant, tolerance, with_log=False)
     return element
 

@@ -14,18 +14,22 @@ from specwake.results import ScenarioResult, VariantResult
 from specwake.stats import Summary, ratio, summarize
 from specwake.verdict import (
     INCOMPLETE,
+    NOT_TESTED,
     SpeedRule,
     explain,
     outcome_matches,
     recorded_speed_rule,
     recorded_tolerance,
     speed_after_cycles,
+    unrestored_drafter,
 )
+from specwake.weights import ROLES
 
 EMULATED_NOTE = (
-    "L2 discard emulated on CPU: after /sleep?level=2 specwake overwrote every parameter of target and drafter "
-    "({fill}) and made the packed CPU copies of linear layers answer the same until a reload replaces them; "
-    "wake and reload_weights are unmodified vLLM"
+    "L2 discard emulated on CPU: after /sleep?level=2 specwake overwrote every parameter and plain tensor attribute "
+    "of target and drafter ({fill}), kept the buffers (vLLM copies them to host memory across an L2 sleep) and made "
+    "the packed CPU copies of linear layers answer as discarded until a reload replaces them; wake and "
+    "reload_weights are unmodified vLLM"
 )
 FILL_WORDS = {"zero": "zeros", "nan": "NaN", "random": "random values, like memory CUDA hands back uncleared"}
 RESET_MARK = " †"
@@ -105,7 +109,7 @@ def _table(variants: Sequence[VariantResult]) -> list[str]:
 
 
 def _mark(variant: VariantResult) -> str:
-    if variant.outcome == "error":
+    if variant.outcome in NOT_TESTED:
         return "⚠"
     if variant.outcome == INCOMPLETE:
         return "…"
@@ -262,14 +266,26 @@ def _offenders(results: Sequence[ScenarioResult]) -> list[str]:
     for r in results:
         for v in r.variants:
             if v.outcome == "error":
-                named.append(f"{r.name}/{v.name} not measured ({v.crash_class or 'startup_failed'})")
+                named.append(f"{r.name}/{v.name} not measured ({v.crash_class or 'nothing measured'})")
+            elif v.outcome == "untested":
+                named.append(f"{r.name}/{v.name} untested (vLLM ignores sleep on CPU)")
             elif v.outcome == INCOMPLETE:
                 named.append(f"{r.name}/{v.name} unfinished")
             elif not v.matched and v.findings and outcome_matches(v.outcome, v.expected):
-                named.append(f"{r.name}/{v.name} {v.findings[0].split(':')[0]}")
+                named.append(f"{r.name}/{v.name} {_headline(v.findings[0])}")
             elif not v.matched:
-                named.append(f"{r.name}/{v.name} {v.outcome}, expected {v.expected}")
+                why = unrestored_drafter(v)
+                reason = f" ({why.role}: {why.text()} after {why.what} in cycle {why.cycle})" if why else ""
+                named.append(f"{r.name}/{v.name} {v.outcome}{reason}, expected {v.expected}")
     return named
+
+
+def _headline(finding: str) -> str:
+    """What the verdict line names of a finding: `stale prefix cache`, `draft: 7 tensors in new storage after
+    reload_weights in cycle 1` (the text before its details)."""
+    if finding.startswith(tuple(f"{role}: " for role in ROLES)):
+        return finding.split(" (")[0]
+    return finding.split(":")[0]
 
 
 def verdict_line(results: Sequence[ScenarioResult]) -> str:
@@ -287,7 +303,7 @@ def verdict_line(results: Sequence[ScenarioResult]) -> str:
 def _matrix_cell(variant: VariantResult | None) -> str:
     if variant is None:
         return MISSING
-    if variant.outcome in ("error", INCOMPLETE) or not variant.matched:
+    if variant.outcome in (*NOT_TESTED, INCOMPLETE) or not variant.matched:
         return f"{variant.outcome} {_mark(variant)} (expected {variant.expected})"
     return f"{variant.outcome} {_mark(variant)}"
 

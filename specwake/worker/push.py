@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from specwake.worker.extension import find_draft
+from specwake.worker.finders import find_draft
 
 
 def scaled(weights: Iterator[tuple[str, torch.Tensor]], scale: dict[str, float], seen: list[str]) -> Iterator:

@@ -2,9 +2,14 @@
 interpreter, without starting a server: ``python -m specwake.worker.validate < requests.json``. One process answers
 every variant of a run that uses this interpreter: importing vLLM takes seconds, checking takes milliseconds.
 
-Requests: a JSON list of {"model": str, "speculative": {...}, "args": [...], "variant_args": [...]}. Answer (one
-line): a list, in order, of {"vllm": version, "valid_keys": [...], "unknown_keys": [...], "bad_values": {key: reason},
-"args_error": str|null, "variant_args_error": str|null} — the variant's arguments are parsed after the server's.
+Requests: a JSON list of {"model": str, "speculative": {...}, "args": [...], "variant_args": [...], "draft_model":
+str|null, "prompts": [...], "max_model_len": int|null, "push_scale": [...]}. Answer (one line): a list, in order, of
+{"vllm": version, "valid_keys": [...], "unknown_keys": [...], "bad_values": {key: reason}, "args_error": str|null,
+"variant_args_error": str|null, "too_long": {"index": i, "tokens": n, "limit": max_model_len}|null,
+"unknown_tensors": [...], "skipped": [reason, ...]} —
+the variant's arguments are parsed after the server's; prompts are counted with the model's own tokenizer and
+push_scale names looked up in the checkpoints' tensor names, where the model is local (a folder, or the Hugging Face
+cache), and `skipped` says which of those checks could not run and why.
 SpeculativeConfig is a pydantic dataclass with extra keys forbidden, but vLLM validates it only when it builds the
 engine config, minutes into a GPU start; `--speculative-config` itself is parsed as plain JSON.
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 # Fields vLLM fills in itself; a scenario cannot set them.
@@ -59,8 +65,75 @@ def args_problem(model: str, args: list[str]) -> str | None:
     return None
 
 
+def local_folder(model: str | None) -> Path | None:
+    """A model's files on this machine: its folder, or its snapshot in the Hugging Face cache (never a download)."""
+    if not model:
+        return None
+    if Path(model).is_dir():
+        return Path(model)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, not a repository id: the check is skipped, the run decides
+        return None
+
+
+def _max_model_len(folder: Path, asked: int | None) -> int | None:
+    if asked is not None:
+        return asked
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config", config) if isinstance(config, dict) else {}
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) else None
+
+
+def too_long(model: str, prompts: list[str], asked: int | None) -> tuple[dict[str, int] | None, str | None]:
+    """(the first prompt longer than max_model_len, counted with the model's own tokenizer as the server counts it;
+    why the count was skipped). vLLM refuses a prompt of more tokens than max_model_len (HTTP 400,
+    `renderers/params.py`) and clamps max_tokens to what is left, so only the prompt can fail."""
+    folder = local_folder(model)
+    if folder is None:
+        return None, f"prompt lengths: {model} is not on this machine (no local folder or cached snapshot)"
+    limit = _max_model_len(folder, asked)
+    if limit is None:
+        return None, "prompt lengths: no server.max_model_len and no max_position_embeddings in the model's config"
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001
+        return None, f"prompt lengths: the model's tokenizer does not load ({type(exc).__name__})"
+    for index, prompt in enumerate(prompts):
+        count = len(tokenizer(prompt)["input_ids"])
+        if count > limit:
+            return {"index": index, "tokens": count, "limit": limit}, None
+    return None, None
+
+
+def checkpoint_names(models: list[str | None]) -> tuple[set[str] | None, str | None]:
+    """Every tensor name in the models' safetensors files (target, then drafter), or why they cannot be read."""
+    names: set[str] = set()
+    for model in models:
+        if not model:
+            continue
+        folder = local_folder(model)
+        files = sorted(folder.glob("*.safetensors")) if folder is not None else []
+        if not files:
+            return None, f"push_scale: no local safetensors files of {model}"
+        from safetensors import safe_open
+
+        for file in files:
+            with safe_open(str(file), framework="pt") as opened:
+                names.update(opened.keys())
+    return names, None
+
+
 def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
-    found: dict[str, Any] = {"vllm": version}
+    found: dict[str, Any] = {"vllm": version, "skipped": []}
     found.update(speculative_problems(request.get("speculative") or {}))
     args = list(request.get("args") or [])
     found["args_error"] = args_problem(request["model"], args)
@@ -68,6 +141,17 @@ def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
     found["variant_args_error"] = (
         args_problem(request["model"], [*args, *extra]) if extra and not found["args_error"] else None
     )
+    prompts = list(request.get("prompts") or [])
+    found["too_long"], skipped = (
+        too_long(request["model"], prompts, request.get("max_model_len")) if prompts else (None, None)
+    )
+    found["skipped"] += [skipped] if skipped else []
+    scale = list(request.get("push_scale") or [])
+    found["unknown_tensors"] = []
+    if scale:
+        names, skipped = checkpoint_names([request["model"], request.get("draft_model")])
+        found["unknown_tensors"] = [] if names is None else [n for n in scale if n not in names]
+        found["skipped"] += [skipped] if skipped else []
     return found
 
 

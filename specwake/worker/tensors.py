@@ -1,0 +1,207 @@
+"""Every tensor a model holds, by kind, as a real Level-2 sleep sees them, and the fingerprint of each: a checksum
+compared with the fresh one and the address a CUDA graph would read it at.
+
+Kinds, read from vLLM's `gpu_worker.py` (0.32, 0.33: `load_model` under the cumem "weights" pool, `sleep`/`wake_up`):
+- **parameter**: discarded by L2 sleep; the reload must bring it back.
+- **buffer**: copied to host memory by `sleep(level=2)` and back by `wake_up(tags=["weights"])`, for the target and
+  for the drafter (`_sleep_saved_buffers`, `_sleep_saved_draft_buffers`): kept.
+- **attribute**: a tensor a module keeps as a plain attribute, neither parameter nor buffer (DSpark's
+  `_fused_kv_weight`, anything `process_weights_after_loading` or a proposer derives). Allocated in the weights pool
+  while the model loads, so discarded, and nothing in vLLM restores it.
+Not weights, left out: the KV cache each attention layer holds as `kv_cache` (bound by `bind_kv_cache`,
+`v1/worker/utils.py`; its own pool, emptied by every sleep) and the host-side scale copies `_k_scale_cpu` /
+`_v_scale_cpu` (`set_default_quant_scales`, `model_executor/layers/attention/attention.py`: host memory on a GPU,
+outside the pool and outside any CUDA graph, recreated by every `process_weights_after_loading`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+KINDS = ("parameter", "buffer", "attribute")
+KV_CACHE_ATTRIBUTE = "kv_cache"
+HOST_SIDE_ATTRIBUTES = frozenset({"_k_scale_cpu", "_v_scale_cpu"})
+CHUNK = 1 << 22  # elements converted to float64 at a time: a checksum never needs much extra memory
+NAMES_SHOWN = 5  # names of differing or moved tensors returned, at most
+REL_TOLERANCE = 1e-9  # checksums of the same bytes, summed in the same order, agree far closer than this
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of a model: its qualified name, kind, and whether vLLM ever reads it."""
+
+    name: str
+    kind: str
+    tensor: torch.Tensor
+    # A placeholder no forward reads: RMSNorm(has_weight=False) keeps `weight = torch.ones(...)` as a plain attribute
+    # and passes None instead (`pass_weight`, model_executor/layers/layernorm.py). Discarded, never judged.
+    unread: bool = False
+
+    @property
+    def resident(self) -> bool:
+        """Holds data at an address: not on meta, not empty (CPU linear weights live in a packed copy instead)."""
+        return not self.tensor.is_meta and self.tensor.numel() > 0
+
+
+def _unread(module: torch.nn.Module, name: str) -> bool:
+    return name == "weight" and getattr(module, "has_weight", True) is False
+
+
+def _attribute_tensors(module: torch.nn.Module, host_side: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """A module's plain tensor attributes, and the tensors of its list/tuple attributes (`name[i]`). With
+    `host_side`, tensors in host memory are left out too (a GPU model's host copies: outside the weights pool)."""
+    for name, value in vars(module).items():
+        if name in (KV_CACHE_ATTRIBUTE, *HOST_SIDE_ATTRIBUTES):
+            continue
+        items = [(name, value)] if isinstance(value, torch.Tensor) else []
+        if isinstance(value, list | tuple):
+            items = [(f"{name}[{i}]", item) for i, item in enumerate(value) if isinstance(item, torch.Tensor)]
+        for label, tensor in items:
+            if not isinstance(tensor, torch.nn.Parameter) and not (host_side and tensor.device.type == "cpu"):
+                yield label, tensor
+
+
+def _on_accelerator(model: torch.nn.Module) -> bool:
+    first = next(iter(model.parameters()), None)
+    return first is not None and first.device.type not in ("cpu", "meta")
+
+
+def inventory(model: torch.nn.Module | None) -> list[Entry]:
+    """Every parameter, buffer and plain tensor attribute of `model`, each shared object once."""
+    if model is None:
+        return []
+    entries = [Entry(name, "parameter", param) for name, param in model.named_parameters()]
+    entries += [Entry(name, "buffer", buffer) for name, buffer in model.named_buffers()]
+    host_side = _on_accelerator(model)
+    for prefix, module in model.named_modules():
+        for name, tensor in _attribute_tensors(module, host_side):
+            entries.append(Entry(f"{prefix}.{name}" if prefix else name, "attribute", tensor, _unread(module, name)))
+    return entries
+
+
+def host_side_count(model: torch.nn.Module | None) -> int:
+    """Host-side scale copies the model holds (left out of the inventory)."""
+    if model is None:
+        return 0
+    return sum(1 for module in model.modules() for name in HOST_SIDE_ATTRIBUTES if name in vars(module))
+
+
+def storage_key(tensor: torch.Tensor) -> tuple[int, str]:
+    """Which memory a tensor lives in: views of one storage share it."""
+    return tensor.untyped_storage().data_ptr(), str(tensor.device)
+
+
+@torch.no_grad()
+def checksum(tensor: torch.Tensor) -> tuple[float | None, int, bool]:
+    """(sum of |x| over the finite elements, or None when some element is not finite; non-finite element count;
+    whether every element is zero). Converts chunk by chunk, so float8 and int tensors work on any device."""
+    flat = tensor.detach().reshape(-1)
+    total, nonfinite, nonzero = 0.0, 0, False
+    for chunk in flat.split(CHUNK):
+        values = chunk.to(torch.float64)
+        finite = torch.isfinite(values)
+        nonfinite += int((~finite).sum().item())
+        values = torch.where(finite, values, torch.zeros_like(values))
+        nonzero = nonzero or bool(values.any().item()) or not bool(finite.all().item())
+        total += float(values.abs().sum().item())
+    return (None if nonfinite else total), nonfinite, not nonzero
+
+
+def differs(now: float | None, then: float | None) -> bool:
+    if now is None or then is None:
+        return now is not then
+    return abs(now - then) > REL_TOLERANCE * max(1.0, abs(then))
+
+
+# What a fingerprint keeps of each tensor to compare later: (checksum, address), by name.
+Reference = dict[str, tuple[float | None, int]]
+
+
+def _by_kind(names: list[str], kinds: dict[str, str]) -> dict[str, int]:
+    return {kind: sum(1 for n in names if kinds.get(n) == kind) for kind in KINDS}
+
+
+def fingerprint(
+    model: torch.nn.Module | None,
+    *,
+    exclude: set[int] | None = None,
+    reference: Reference | None = None,
+    keep: Reference | None = None,
+    packed: tuple[int, int] = (0, 0),
+) -> dict[str, Any]:
+    """Per-model summary of every judged tensor (parameters, buffers, plain attributes). `exclude`: data pointers
+    owned by another model (counted as shared). `reference`: what `keep` held at an earlier call, to count the
+    tensors whose checksum differs and those now at another address (moved). `packed`: (modules computing from a
+    packed CPU copy, those whose copy is still discarded)."""
+    if model is None:
+        return {"present": False}
+    exclude = exclude or set()
+    counts = dict.fromkeys(("tensors", "numel", "all_zero", "on_meta", "empty", "shared_with_target", "nonfinite"), 0)
+    kinds = dict.fromkeys(KINDS, 0)
+    kind_of: dict[str, str] = {}
+    total, unread = 0.0, 0
+    compared, differ, moved = 0, [], []
+    resident: set[str] = set()
+    for entry in inventory(model):
+        if entry.unread:
+            unread += 1
+            continue
+        kinds[entry.kind] += 1
+        kind_of[entry.name] = entry.kind
+        tensor = entry.tensor
+        counts["tensors"] += entry.kind == "parameter"  # `tensors` and the counts below: parameters, as ever
+        if tensor.is_meta or tensor.numel() == 0:
+            if entry.kind == "parameter":
+                counts["on_meta" if tensor.is_meta else "empty"] += 1  # empty: CPU weights kept packed
+            continue
+        resident.add(entry.name)
+        value, nonfinite, all_zero = checksum(tensor)
+        if entry.kind == "parameter":
+            counts["shared_with_target"] += tensor.data_ptr() in exclude
+            counts["numel"] += tensor.numel()
+            counts["nonfinite"] += nonfinite > 0
+            counts["all_zero"] += all_zero
+            total += value or 0.0
+        if keep is not None:
+            keep[entry.name] = (value, tensor.data_ptr())
+        if reference is not None and entry.name in reference:
+            compared += 1
+            then_value, then_address = reference[entry.name]
+            if differs(value, then_value):
+                differ.append(entry.name)
+            if tensor.data_ptr() != then_address:
+                moved.append(entry.name)
+    summary: dict[str, Any] = {
+        "present": True,
+        "class": type(model).__name__,
+        **counts,
+        "kinds": kinds,
+        "unread": unread,
+        "host_side": host_side_count(model),
+        "packed": packed[0],
+        "packed_discarded": packed[1],
+        "abs_sum": total,
+    }
+    if reference is not None:
+        gone = sorted(set(reference) - resident)  # resident at fresh, now gone, on meta or emptied
+        differ += gone
+        moved += gone
+        summary.update(
+            compared=compared + len(gone),
+            differ=len(differ),
+            differ_names=differ[:NAMES_SHOWN],
+            differ_by_kind=_by_kind(differ, kind_of),
+            moved=len(moved),
+            moved_names=moved[:NAMES_SHOWN],
+            moved_by_kind=_by_kind(moved, kind_of),
+        )
+    return summary
+
+
+def data_ptrs(model: torch.nn.Module | None) -> set[int]:
+    """Addresses of the model's resident parameters (another model's tensors there are shared with it)."""
+    return {e.tensor.data_ptr() for e in inventory(model) if e.kind == "parameter" and e.resident}

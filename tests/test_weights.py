@@ -1,0 +1,78 @@
+"""Unit tests of specwake.weights: reading the workers' fingerprints and discard answers as a run recorded them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specwake.results import StepResult
+from specwake.weights import discard_line, moved, restored, weights_line, worst_restore
+
+
+def part(differ: int, compared: int = 7, **fields: Any) -> dict[str, Any]:
+    return {"tensors": compared, "compared": compared, "differ": differ, **fields}
+
+
+def at(cycle: int, *ranks: dict[str, Any], point: str = "after reload_weights") -> dict[str, Any]:
+    """One restore point; each rank's drafter part given, its target matching fresh."""
+    return {"cycle": cycle, "point": point, "fingerprints": [{"target": part(0, 9), "draft": r} for r in ranks]}
+
+
+def test_every_cycle_is_read_worst_first_never_the_first_cycle_alone() -> None:
+    diagnostics = [at(1, part(0)), at(2, part(7)), at(3, part(0))]
+    assert weights_line(diagnostics, "draft") == (
+        "draft: 7/7 tensors differ from fresh after reload_weights in cycle 2; 0/7 tensors differ from fresh in"
+        " cycles 1, 3"
+    )
+    assert restored(diagnostics, "draft") is False and restored(diagnostics, "target") is True
+    worst = worst_restore(diagnostics, "draft")
+    assert worst is not None and worst.cycle == 2 and worst.not_restored == 7
+    assert worst_restore(diagnostics, "target") is None
+
+
+def test_cycles_with_one_reading_share_a_line_and_ranks_that_differ_are_named() -> None:
+    same = [at(c, part(0)) for c in range(1, 21)]
+    assert weights_line(same, "draft") == "draft: 0/7 tensors differ from fresh after reload_weights in cycles 1–20"
+    split = [at(1, part(0), part(3))]
+    assert weights_line(split, "draft") == (
+        "draft: rank 0: 0/7 tensors differ from fresh, rank 1: 3/7 tensors differ from fresh after reload_weights"
+        " in cycle 1"
+    )
+
+
+def test_kinds_other_than_parameters_are_named_when_they_differ() -> None:
+    by_kind = {"parameter": 0, "buffer": 0, "attribute": 2}
+    line = weights_line([at(1, part(2, 9, differ_by_kind=by_kind))], "draft")
+    assert line == "draft: 2/9 tensors differ from fresh (2 tensor attributes) after reload_weights in cycle 1"
+
+
+def test_old_results_without_comparisons_still_read() -> None:
+    old = [{"cycle": 1, "point": "after reload_weights", "fingerprints": [{"draft": {"tensors": 7, "all_zero": 5}}]}]
+    assert weights_line(old, "draft") == "draft: 5/7 parameters all-zero or on meta after reload_weights in cycle 1"
+    assert restored(old, "draft") is None
+
+
+def test_moved_tensors_per_model_with_the_rank_that_moved_most() -> None:
+    moving = part(0, moved=2, moved_names=["a", "b"], moved_by_kind={"parameter": 1, "attribute": 1})
+    found = moved([at(1, part(0)), at(2, part(0, moved=1, moved_names=["a"]), moving)])
+    assert len(found) == 1 and (found[0].role, found[0].cycle, found[0].count) == ("draft", 2, 2)
+    assert found[0].finding() == (
+        "draft: 2 tensors in new storage after reload_weights in cycle 2 (1 parameters, 1 tensor attributes; a, b):"
+        " a CUDA graph captured before the sleep reads the old memory"
+    )
+
+
+def discard_step(*answers: dict[str, Any]) -> StepResult:
+    return StepResult(1, "discard", "POST", "/collective_rpc", 200, 0.1, True, response={"results": list(answers)})
+
+
+def test_the_discard_line_counts_each_kind_per_model() -> None:
+    answer = {
+        "target": {"parameter": 15, "attribute": 4, "packed": 7, "buffer_kept": 10},
+        "draft": {"parameter": 11, "attribute": 2, "packed": 0, "buffer_kept": 3},
+    }
+    assert discard_line([discard_step(answer)]) == (
+        "discarded (emulated) — target: 15 parameters, 4 tensor attributes, 7 packed CPU weights; 10 buffers kept"
+        " · draft: 11 parameters, 2 tensor attributes; 3 buffers kept"
+    )
+    assert discard_line([discard_step({"filled_tensors": 10})]) is None  # an answer from an older specwake
+    assert discard_line([]) is None
