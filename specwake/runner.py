@@ -27,7 +27,7 @@ from specwake.runfolder import write_run_files
 from specwake.scenario import Scenario
 from specwake.schedule import Job, run_packed
 from specwake.variant_run import VariantRun
-from specwake.verdict import INCOMPLETE, decide_verdict
+from specwake.verdict import INCOMPLETE, decide_verdict, speed_rule
 
 
 def host_info() -> dict[str, Any]:
@@ -219,6 +219,18 @@ class Work:
     started_at: str | None = None
 
 
+MEASURING = {
+    "overlapped": "servers side by side, measuring one at a time: a speed call binds, so tok/s must be each one's own",
+    "parallel": "servers side by side, measuring at once: no speed call binds here (AL decides, tok/s is advisory)",
+}
+
+
+def speed_binds(work: Sequence[Work]) -> bool:
+    """Whether any variant of the run has a binding speed call: then its tok/s must not be shared with another
+    server's measurement."""
+    return any(speed_rule(w.scenario.min_speedup_recovery, p.l2_discard).binding for w in work for p in w.prepared)
+
+
 def run_packed_scenarios(
     work: Sequence[Work],
     devices: Sequence[int],
@@ -235,13 +247,16 @@ def run_packed_scenarios(
     and every scenario keeps what it measured.
     """
     cancel = threading.Event()
-    turns = Turns(cancel) if cpu else AnyTime()
+    alone = cpu and speed_binds(work)
+    turns = Turns(cancel) if alone else AnyTime()
+    mode = "packed" if not cpu else "overlapped" if alone else "parallel"
+    if cpu:
+        events(Event(MEASURING[mode]))
     unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []
     jobs: list[Job] = []
     by_key: dict[str, tuple[Scenario, PreparedVariant, Path, int]] = {}
     for index, w in enumerate(work):
-        mode = "overlapped" if cpu else "packed"
         recorders.append(Recorder(w.scenario, w.run_dir, [], mode, w.kept, w.started_at, shard))
         for prep in w.prepared:
             key = f"{w.scenario.name}/{prep.variant.name}"

@@ -1,6 +1,7 @@
 """Run modes through the real CLI on the fake CPU engine: `--interleave` (both servers up, phases alternated
-baseline/patched), the CPU default "overlapped" (both servers up, each at its own pace, measurements taking
-turns) and `--sequential` (one server at a time).
+baseline/patched), the CPU default — "parallel" (both servers up, each at its own pace, measuring at once) where no
+speed call binds, "overlapped" (the same, measurements taking turns) where one does — and `--sequential` (one server
+at a time).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def phases(stderr: str) -> list[tuple[str, str]]:
     return found
 
 
-MODES = {"interleave": ["--interleave"], "overlapped": [], "sequential": ["--sequential"]}
+MODES = {"interleave": ["--interleave"], "parallel": [], "overlapped": [], "sequential": ["--sequential"]}
+BINDING = "min_speedup_recovery = 0.5\n"  # a speed call that counts: measurements must take turns
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -48,6 +50,7 @@ def test_run_modes_start_servers_and_order_phases_as_named(tmp_path: Path, mode:
             expect=BOTH,
             patch=str(engine.write_fix(tmp_path)),
             cycles=CYCLES,
+            extra=BINDING if mode == "overlapped" else "",
         )
     )
     out = tmp_path / "out"
@@ -62,7 +65,7 @@ def test_run_modes_start_servers_and_order_phases_as_named(tmp_path: Path, mode:
     both_up = spans["baseline"].overlaps(spans["patched"])
     assert both_up is (mode != "sequential")
     everywhere = tuple(sorted(os.sched_getaffinity(0)))
-    if mode == "overlapped" and len(everywhere) > 1:  # each server confined to a core of its own
+    if mode in ("overlapped", "parallel") and len(everywhere) > 1:  # each server confined to a core of its own
         assert all(len(span.cpus) == 1 for span in spans.values()), spans
         assert spans["baseline"].cpus != spans["patched"].cpus
     else:
@@ -77,6 +80,9 @@ def test_run_modes_start_servers_and_order_phases_as_named(tmp_path: Path, mode:
     else:  # each variant keeps its own order; how the two interleave is up to their pace
         for name in ("baseline", "patched"):
             assert [p for v, p in started if v == name] == each
+    if mode in ("overlapped", "parallel"):
+        assert ("measuring one at a time" in proc.stderr) is (mode == "overlapped")
+        assert ("measuring at once" in proc.stderr) is (mode == "parallel")
 
     path = one_run_dir(out) / "result.json"
     load_result(path)
