@@ -14,15 +14,24 @@ import typer
 
 from specwake import __version__
 from specwake.console import Ui
-from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, Interrupted, SpecwakeError
+from specwake.errors import (
+    EXIT_FAIL,
+    EXIT_INFRA,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    InputError,
+    Interrupted,
+    SpecwakeError,
+)
 from specwake.models import BUILTIN_MODELS, cache_dir, ensure_builtin_model, lookup, model_dir
 from specwake.report import render_csv, render_json, render_markdown
 from specwake.report.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, parse_pair, render_comparison_markdown
 from specwake.report.plot import render_plot
 from specwake.runfolder import load_many
 from specwake.scenario import Overrides
+from specwake.schedule import parse_gpu_list
 from specwake.session import RunRequest, check_all, execute
-from specwake.shards import merge_shards
+from specwake.shards import merge_shards, parse_shard
 
 app = typer.Typer(
     add_completion=False,
@@ -36,6 +45,16 @@ app.add_typer(models_app, name="models")
 def _fail(ui: Ui, exc: SpecwakeError) -> NoReturn:
     ui.error(str(exc))
     raise typer.Exit(exc.exit_code)
+
+
+def _gpus(text: str | None) -> tuple[int, ...] | None:
+    """--gpus as visible GPU indices (`0-7`, `0,1,4,5`); InputError (exit 2) naming the flag otherwise."""
+    if text is None:
+        return None
+    try:
+        return parse_gpu_list(text)
+    except ValueError as exc:
+        raise InputError(f"--gpus: {exc}") from None
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -89,18 +108,21 @@ def run(
     if interleave and sequential:
         ui.error("--interleave, --sequential: choose one run mode")
         raise typer.Exit(EXIT_INPUT)
-    request = RunRequest(
-        scenarios=scenarios,
-        overrides=Overrides(cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch),
-        output=output,
-        cache=cache_dir(),
-        interleave=interleave,
-        sequential=sequential,
-        gpus=gpus,
-        junit=junit,
-        resume=resume,
-        shard=shard,
-    )
+    try:
+        request = RunRequest(
+            scenarios=scenarios,
+            overrides=Overrides(cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch),
+            output=output,
+            cache=cache_dir(),
+            interleave=interleave,
+            sequential=sequential,
+            gpus=_gpus(gpus),
+            junit=junit,
+            resume=resume,
+            shard=parse_shard(shard) if shard is not None else None,
+        )
+    except SpecwakeError as exc:
+        _fail(ui, exc)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with ui:
@@ -144,7 +166,7 @@ def check(
         raise typer.Exit(EXIT_INPUT)
     overrides = Overrides(tp=tp, variants=tuple(variant or ()), patch=patch)
     try:
-        outcome = check_all(scenarios, overrides, cache_dir(), ui.event, gpus=gpus, online=online)
+        outcome = check_all(scenarios, overrides, cache_dir(), ui.event, gpus=_gpus(gpus), online=online)
     except SpecwakeError as exc:
         _fail(ui, exc)
     ui.report(outcome.text)

@@ -7,56 +7,64 @@ everything at once (its weights were offloaded, not discarded).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from specwake import protocol
 from specwake.client import Answer, VllmClient
 from specwake.errors import InputRejected, RequestFailed, RequestTimeout, ServerFault
+from specwake.protocol import PushAnswer, PushRequest, StepKind
 from specwake.results import StepResult
-
-DISCARD_METHOD = "specwake_emulate_discard"
-PUSH_METHOD = "specwake_push"
 
 
 @dataclass(frozen=True)
 class Step:
-    name: str
-    method: str
-    path: str
+    """One step of a cycle: its kind (protocol.STEPS) and this cycle's arguments."""
+
+    kind: StepKind
     params: tuple[tuple[str, str], ...] = ()
-    rpc: str | None = None  # worker method, for POST /collective_rpc
     rpc_kwargs: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def name(self) -> str:
+        return self.kind.name
 
-def cycle_steps(level: int, emulate_discard: bool, fill: str = "zero", push: str | None = None) -> list[Step]:
+    @property
+    def method(self) -> str:
+        return self.kind.method
+
+    @property
+    def path(self) -> str:
+        return self.kind.path
+
+    @property
+    def rpc(self) -> str | None:
+        return self.kind.rpc
+
+
+def cycle_steps(level: int, emulate_discard: bool, fill: str = "zero", push: PushRequest | None = None) -> list[Step]:
     """The step sequence of one cycle at the given sleep level. `fill`: what the emulated discard leaves in the
-    parameters (zero | nan | random); `push`: the JSON request of a weight push, which replaces reload_weights."""
-    sleep = Step("sleep", "POST", "/sleep", (("level", str(level)),))
-    reset = Step("reset_prefix_cache", "POST", "/reset_prefix_cache")
+    parameters (zero | nan | random); `push`: a weight push, which replaces reload_weights."""
+    sleep = Step(protocol.SLEEP, (("level", str(level)),))
+    reset = Step(protocol.RESET_PREFIX_CACHE)
     if level == 1 and push is None:
-        return [sleep, Step("wake_up", "POST", "/wake_up"), reset]
+        return [sleep, Step(protocol.WAKE_UP), reset]
     steps = [sleep]
     if emulate_discard and level == 2:
-        steps.append(Step("discard", "POST", "/collective_rpc", rpc=DISCARD_METHOD, rpc_kwargs=(("fill", fill),)))
+        steps.append(Step(protocol.DISCARD_STEP, rpc_kwargs=(("fill", fill),)))
     reload = (
-        Step("reload_weights", "POST", "/collective_rpc", rpc="reload_weights")
+        Step(protocol.RELOAD_STEP)
         if push is None
-        else Step("push", "POST", "/collective_rpc", rpc=PUSH_METHOD, rpc_kwargs=(("request", push),))
+        else Step(protocol.PUSH_STEP, rpc_kwargs=(("request", push.to_json()),))
     )
     steps += [
-        Step("wake_weights", "POST", "/wake_up", (("tags", "weights"),)),
+        Step(protocol.WAKE_WEIGHTS, (("tags", "weights"),)),
         reload,
-        Step("wake_kv_cache", "POST", "/wake_up", (("tags", "kv_cache"),)),
+        Step(protocol.WAKE_KV_CACHE, (("tags", "kv_cache"),)),
         reset,
     ]
     return steps
-
-
-def push_request(to: Sequence[str], scale: Mapping[str, float]) -> str:
-    """The JSON a push passes to the worker extension (/collective_rpc carries strings)."""
-    return json.dumps({"to": list(to), "scale": dict(scale)}, sort_keys=True)
 
 
 def _call(client: VllmClient, step: Step, timeout: float) -> Answer:
@@ -78,7 +86,7 @@ def run_cycle(
     emulate_discard: bool,
     step_timeout_s: float,
     fill: str = "zero",
-    push: str | None = None,
+    push: PushRequest | None = None,
     on_step: Callable[[StepResult], None] | None = None,
     host_rss: Callable[[], int | None] = lambda: None,
 ) -> tuple[list[StepResult], ServerFault | None]:
@@ -141,9 +149,10 @@ def run_cycle(
 def _scenario_problem(step: Step, body: Any) -> str | None:
     """A step the server carried out, but that shows the scenario itself wrong: a push whose push_scale names a tensor
     that no worker pushed (the perturbation never happened, so a perturbed push could not be judged)."""
-    if step.rpc != PUSH_METHOD or not isinstance(body, dict):
+    if step.kind is not protocol.PUSH_STEP or not isinstance(body, dict):
         return None
-    unmatched = sorted({n for r in body.get("results") or [] if isinstance(r, dict) for n in r.get("unmatched") or []})
+    answers = [PushAnswer.from_dict(r) for r in body.get("results") or []]
+    unmatched = sorted({name for answer in answers for name in answer.unmatched})
     if not unmatched:
         return None
     return f"{step.name}: push_scale names no pushed tensor: {', '.join(unmatched)}"

@@ -1,36 +1,24 @@
 """Collects the diagnostics that explain an outcome: weight fingerprints and device memory of every rank, at
 points of a cycle, through the worker extension. specwake.weights reads what was collected.
 
-Fingerprints are compared with the fresh ones inside the workers: the "after fresh" probe saves each
-parameter's checksum there, later probes count the tensors whose checksum differs. A discard that leaves
-random values or NaN (like freed GPU memory) is so caught as "not restored", not only one that leaves zeros.
+Fingerprints are compared with the fresh ones inside the workers: the "after fresh" probe saves each tensor's
+checksum and address there, later probes count the tensors that differ and those that moved. A discard that leaves
+random values or NaN (like freed GPU memory) is so caught as "not restored", not only one that leaves zeros. Which
+points read what follows from the step table (protocol.STEPS): fingerprints only where weights are resident (never
+between a real L2 sleep and `wake_weights`), memory around the wake.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from specwake import protocol
 from specwake.client import VllmClient
 from specwake.errors import ServerFault
 
-FINGERPRINT_METHOD = "specwake_fingerprint"
-FRESH = "fresh"  # the name the workers keep the fresh checksums under
-
-# Fingerprints read the weights, so they are taken only where weights are resident: never while a real L2
-# sleep has unmapped them (between `sleep` and `wake_weights` on GPU).
-FINGERPRINT_POINTS = {"after fresh", "after discard", "after reload_weights", "after push"}
-# Memory is safe to read at any point.
-MEMORY_POINTS = {
-    "before sleep", "after sleep", "after wake_weights", "after reload_weights", "after push", "after wake_kv_cache",
-}  # fmt: skip
-
-
-def point_after(step_name: str) -> str:
-    return f"after {step_name}"
-
 
 def fingerprint_kwargs(point: str) -> dict[str, str]:
-    return {"save_as": FRESH} if point == "after fresh" else {"compare_to": FRESH}
+    return {"save_as": protocol.FRESH} if point == protocol.FRESH_POINT else {"compare_to": protocol.FRESH}
 
 
 def take(client: VllmClient, cycle: int, point: str, *, timeout: float) -> dict[str, Any] | None:
@@ -38,16 +26,16 @@ def take(client: VllmClient, cycle: int, point: str, *, timeout: float) -> dict[
 
     A failing diagnostic is recorded, never raised: the cycle's own steps decide whether the server is broken.
     """
-    wants_fp, wants_mem = point in FINGERPRINT_POINTS, point in MEMORY_POINTS
+    wants_fp, wants_mem = point in protocol.FINGERPRINT_POINTS, point in protocol.MEMORY_POINTS
     if not (wants_fp or wants_mem):
         return None
     entry: dict[str, Any] = {"cycle": cycle, "point": point}
     try:
         if wants_fp:
             kwargs = fingerprint_kwargs(point)
-            entry["fingerprints"] = client.rpc_results(FINGERPRINT_METHOD, timeout=timeout, kwargs=kwargs)
+            entry["fingerprints"] = client.rpc_results(protocol.FINGERPRINT, timeout=timeout, kwargs=kwargs)
         if wants_mem:
-            entry["memory"] = client.rpc_results("specwake_memory", timeout=timeout)
+            entry["memory"] = client.rpc_results(protocol.MEMORY, timeout=timeout)
     except ServerFault as exc:
         entry["error"] = str(exc)
     return entry

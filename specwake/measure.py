@@ -17,6 +17,7 @@ from specwake.completions import Completer, Completion
 from specwake.errors import RequestFailed
 from specwake.metrics import SpecCounters, counter_delta, parse_spec_counters
 from specwake.results import LOGPROB_TOLERANCE, StageResult
+from specwake.scenario import Scenario
 
 # The prefix-cache probe: ~300 characters, several KV-cache blocks with any tokenizer, under 512 tokens with a
 # byte-level one. Every stage sends it twice: the first answer must show no cached tokens right after a wake (the
@@ -43,6 +44,13 @@ class Workload:
     temperature: float
     ignore_eos: bool
     request_timeout_s: float
+
+    @classmethod
+    def of(cls, scenario: Scenario, model: str) -> Workload:
+        """A scenario's [workload], sent to the served `model`."""
+        w = scenario.workload
+        return cls(model, scenario.prompts, w.max_tokens, w.repeats, w.warmup, w.temperature, w.ignore_eos,
+                   w.request_timeout_s)  # fmt: skip
 
 
 def stage_name(cycle: int, level: int = 2) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specwake.errors import PlatformMismatch
@@ -71,6 +71,13 @@ class VariantPlan:
     port: int
     l2_discard: str  # native | emulated
     gpus: tuple[int, ...] = field(default_factory=tuple)
+    cores: tuple[int, ...] = field(default_factory=tuple)  # CPU cores it is confined to (side by side on a CPU)
+
+    def with_port(self, port: int) -> VariantPlan:
+        """The same plan on another port (picked just before launch: one picked early may be taken meanwhile)."""
+        argv = list(self.argv)
+        argv[argv.index("--port") + 1] = str(port)
+        return replace(self, argv=argv, port=port)
 
 
 def resolve_discard(scenario: Scenario, sleep_mode: bool, platform: str) -> str:

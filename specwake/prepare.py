@@ -16,13 +16,15 @@ from specwake.cycle import cycle_steps
 from specwake.engine import EngineInfo, probe_engine, resolve_python
 from specwake.errors import PatchError, PlatformMismatch
 from specwake.events import Event, Events
+from specwake.expectations import COLLAPSE_AL
 from specwake.hub import Availability, local_config
 from specwake.models import is_builtin, resolve_model_ref
 from specwake.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
 from specwake.plan import VariantPlan, build_server_command, build_server_env, redact_env, resolve_discard
+from specwake.protocol import PushRequest
 from specwake.scenario import Scenario, Variant
 from specwake.validate import validate_variants
-from specwake.verdict import COLLAPSE_AL, SLEEP_IGNORED, sleep_ignored, speed_rule
+from specwake.verdict import RULES, SLEEP_IGNORED, sleep_ignored, speed_rule
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 
@@ -214,7 +216,7 @@ def plan_variant(
         gpus=gpus,
         cores=cores,
     )
-    return VariantPlan(prep.variant, engine.python, argv, env, added, port, prep.l2_discard, gpus)
+    return VariantPlan(prep.variant, engine.python, argv, env, added, port, prep.l2_discard, gpus, cores)
 
 
 def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) -> list[str]:
@@ -222,7 +224,7 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     w, c = scenario.workload, scenario.cycle
     source = w.prompts if isinstance(w.prompts, str) else "the scenario file"
     emulated = any(p.l2_discard == "emulated" for p in prepared)
-    push = "push" if c.reload == "push" else None
+    push = PushRequest() if c.reload == "push" else None
     steps = "; ".join(
         f"L{level}: " + " → ".join(step.name for step in cycle_steps(level, emulated, c.discard_fill, push))
         for level in c.levels
@@ -238,17 +240,9 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
         f" request timeout {w.request_timeout_s:g} s",
         f"    stages: fresh, then after each of {c.count} cycle(s): {steps}{fill}; step timeout {c.step_timeout_s:g} s",
         "  decides (first rule that applies):",
-        "    error     nothing measured, not even the fresh stage, or the server refused the scenario's input",
-        "    crash     a server failed after the fresh stage was measured",
-        "    corrupt   a post-cycle completion differs from fresh, or the target's weights differ from fresh after"
-        " reload_weights or a push",
-        "    floor     the variant runs without speculation",
-        "    untested  an L1 sleep the engine ignores (CPU): nothing was slept, discarded or woken",
-        f"    collapse  a post-cycle stage drafts with AL ≤ {COLLAPSE_AL:.2f}",
-        "    degraded  the drafter's weights differ from fresh after a reload from its checkpoint",
-        f"    recover   every post-cycle AL ≥ {bound:.0%} of fresh (tolerance {scenario.tolerance:g}), and tok/s not"
-        " clearly lost where speed counts",
-        "    degraded  anything else",
+        *(f"    {rule.outcome:<9} {rule.text}" for rule in RULES),
+        f"    here: recover needs every post-cycle AL ≥ {bound:.0%} of fresh (tolerance {scenario.tolerance:g}),"
+        f" collapse is AL ≤ {COLLAPSE_AL:.2f}",
         f"  findings: tensors in new storage after a reload or push: {graphs}; a stale prefix cache; [expect] limits",
     ]
     for prep in prepared:

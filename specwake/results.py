@@ -9,7 +9,11 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from specwake.protocol import WAKE_STEPS
+
 SCHEMA = "specwake.result/1"
+INCOMPLETE = "incomplete"  # the outcome of a variant still running (or interrupted) in a partial result
+MIB = 1024 * 1024
 LOGPROB_TOLERANCE = 1e-3  # |Δ logprob| against fresh above this at a token position counts as drift
 KNOWN_SCHEMAS = (SCHEMA,)
 
@@ -100,6 +104,22 @@ class VariantResult:
     def fresh(self) -> StageResult | None:
         """The stage measured before any cycle."""
         return next((s for s in self.stages if s.cycle == 0), None)
+
+    def wake_seconds(self) -> dict[int, float]:
+        """Cycle → seconds of its wake: its successful wake steps and reload or push (sleep and discard excluded)."""
+        per_cycle: dict[int, float] = {}
+        for step in self.steps:
+            if step.name in WAKE_STEPS and step.ok:
+                per_cycle[step.cycle] = per_cycle.get(step.cycle, 0.0) + step.seconds
+        return per_cycle
+
+    def rss_after_wake(self) -> dict[int, int]:
+        """Cycle → host RSS of the server group after the cycle's last step that read it."""
+        rss: dict[int, int] = {}
+        for step in self.steps:
+            if step.rss_bytes is not None:
+                rss[step.cycle] = step.rss_bytes
+        return rss
 
 
 @dataclass(frozen=True)

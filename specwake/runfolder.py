@@ -1,9 +1,10 @@
-"""Run folders, in one place: their names, creating them (never over an existing one), writing and loading
-`result.json` with its report files, and finding runs in a results folder ("the latest run" included).
+"""Run folders, in one place: their layout (RunLayout gives every path), creating them (never over an existing
+one), writing the files a renderer made and loading `result.json`, and finding runs in a results folder ("the latest
+run" included). What goes into the files is specwake.report's.
 
 Layout: `<results>/<UTC yyyymmdd-hhmmss>-<label>[-N]/` holds `result.json`, `report.md`, `stages.csv` and
 `logs/<variant>.log` for one scenario; a run of several scenarios holds one such folder per scenario (named
-after it) and a combined `report.md`.
+after it) and a combined `report.md`. A shard's folder ends `-shard-KofN`.
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ import datetime as dt
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specwake.errors import InputError, ResultsUnwritable
 from specwake.files import write_atomic
-from specwake.report import render_csv, render_markdown
-from specwake.results import ScenarioResult, from_dict, to_json
+from specwake.results import ScenarioResult, from_dict
 
 RESULT_FILE = "result.json"
 REPORT_FILE = "report.md"
@@ -57,18 +57,48 @@ def check_writable(root: Path) -> None:
         raise ResultsUnwritable(f"results folder not writable: {exc.filename or root}: {exc.strerror}") from None
 
 
-def write_run_files(run_dir: Path, result: ScenarioResult) -> None:
-    """Write result.json, report.md and stages.csv into `run_dir`, each atomically.
+@dataclass(frozen=True)
+class RunLayout:
+    """Where everything of one run goes: a scenario's folder, its logs, the combined report of several scenarios."""
 
-    Raises ResultsUnwritable naming the folder when anything cannot be written.
-    """
+    root: Path
+    scenarios: tuple[str, ...]  # the names of the run's scenarios
+
+    @classmethod
+    def new(cls, output: Path, scenarios: Sequence[str], now: dt.datetime, shard: str | None = None) -> RunLayout:
+        """A new run folder under `output`: named after its one scenario, or `N-scenarios`; `shard` "KofN"."""
+        label = scenarios[0] if len(scenarios) == 1 else f"{len(scenarios)}-scenarios"
+        return cls(new_run_dir(output, label + (f"-shard-{shard}" if shard else ""), now), tuple(scenarios))
+
+    def scenario_dir(self, scenario: str) -> Path:
+        return self.root if len(self.scenarios) == 1 else self.root / scenario
+
+    def log_file(self, scenario: str, variant: str) -> Path:
+        return self.scenario_dir(scenario) / LOGS / f"{variant}.log"
+
+    @property
+    def combined_report(self) -> Path | None:
+        """The report of every scenario together: only a run of several has one."""
+        return self.root / REPORT_FILE if len(self.scenarios) > 1 else None
+
+    def create(self) -> None:
+        """Every scenario folder with its logs folder; ResultsUnwritable (exit 3) naming the path otherwise."""
+        try:
+            for name in self.scenarios:
+                (self.scenario_dir(name) / LOGS).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ResultsUnwritable(f"results folder not writable: {exc.filename}: {exc.strerror}") from None
+
+
+def write_files(folder: Path, files: Mapping[str, str]) -> None:
+    """Write each file name → text into `folder`, each atomically (result.json, report.md, stages.csv of a scenario:
+    specwake.report.run_files makes them). Raises ResultsUnwritable naming the folder when one cannot be written."""
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(run_dir / RESULT_FILE, to_json(result))
-        write_atomic(run_dir / REPORT_FILE, render_markdown([result]))
-        write_atomic(run_dir / STAGES_FILE, render_csv([result]))
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            write_atomic(folder / name, text)
     except OSError as exc:
-        raise ResultsUnwritable(f"{run_dir}: cannot write run files: {exc}") from exc
+        raise ResultsUnwritable(f"{folder}: cannot write run files: {exc}") from exc
 
 
 def load_result(path: Path) -> ScenarioResult:

@@ -5,85 +5,23 @@ decide outcomes and the verdict, and keep the result files current after every p
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import os
-import platform
-import socket
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from specwake import __version__
 from specwake.errors import Interrupted
 from specwake.events import Event, Events
 from specwake.gate import AnyTime, Turns
-from specwake.plan import redact_env
+from specwake.judge import judge_scenario, now_iso
 from specwake.prepare import PreparedVariant
+from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
-from specwake.runfolder import write_run_files
+from specwake.runfolder import RunLayout, write_files
 from specwake.scenario import Scenario
 from specwake.schedule import Job, run_packed
 from specwake.variant_run import VariantRun
-from specwake.verdict import INCOMPLETE, decide_verdict, speed_rule
-
-
-def host_info() -> dict[str, Any]:
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "cpu_count": os.cpu_count(),
-    }
-
-
-def _now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def assemble(
-    scenario: Scenario,
-    variants: Sequence[VariantResult],
-    started_at: str,
-    *,
-    complete: bool,
-    mode: str,
-    shard: str | None = None,
-) -> ScenarioResult:
-    """The scenario result; a variant still running (outcome `incomplete`) takes no part in the verdict.
-    `shard`: "K/N" when this machine ran only its share of the jobs (specwake.shards)."""
-    verdict = decide_verdict([(v.outcome, v.matched) for v in variants if v.outcome != INCOMPLETE])
-    return ScenarioResult(
-        scenario={
-            "name": scenario.name,
-            "file": str(scenario.file),
-            "sha256": scenario.sha256,
-            "settings": _redacted_settings(scenario.settings()),
-            "mode": mode,
-            **({"shard": shard} if shard else {}),
-        },
-        verdict=verdict,
-        started_at=started_at,
-        finished_at=_now_iso() if complete else None,
-        host=host_info(),
-        variants=list(variants),
-        specwake_version=__version__,
-        complete=complete,
-    )
-
-
-def _redacted_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """Scenario settings safe to write: secret-looking env values (tokens, keys) hidden."""
-    server = dict(settings.get("server") or {})
-    if isinstance(server.get("env"), dict):
-        server["env"] = redact_env(server["env"])
-    variants = {
-        name: {**spec, "env": redact_env(spec["env"])} if isinstance(spec.get("env"), dict) else spec
-        for name, spec in (settings.get("variants") or {}).items()
-    }
-    return {**settings, "server": server, "variants": variants}
+from specwake.verdict import speed_rule
 
 
 class Recorder:
@@ -101,7 +39,7 @@ class Recorder:
     ) -> None:
         self.scenario, self.run_dir, self.runs, self.mode, self.shard = scenario, run_dir, runs, mode, shard
         self.kept = list(kept)  # complete results carried over from an earlier, interrupted run (--resume)
-        self.started_at = started_at or _now_iso()
+        self.started_at = started_at or now_iso()
         self._lock = threading.Lock()
 
     def result(self, complete: bool = False) -> ScenarioResult:
@@ -109,7 +47,9 @@ class Recorder:
         merged = {v.name: v for v in self.kept} | fresh
         order = [v.name for v in self.scenario.variants]
         variants = sorted(merged.values(), key=lambda v: order.index(v.name) if v.name in order else len(order))
-        return assemble(self.scenario, variants, self.started_at, complete=complete, mode=self.mode, shard=self.shard)
+        return judge_scenario(
+            self.scenario, variants, self.started_at, complete=complete, mode=self.mode, shard=self.shard
+        )
 
     def add(self, run: VariantRun) -> None:
         """A variant that starts now (packed runs start a scenario's variants from job threads)."""
@@ -119,14 +59,14 @@ class Recorder:
     def save(self, complete: bool = False) -> ScenarioResult:
         with self._lock:
             result = self.result(complete)
-            write_run_files(self.run_dir, result)
+            write_files(self.run_dir, run_files(result))
             return result
 
 
 def run_scenario(
     scenario: Scenario,
     prepared: Sequence[PreparedVariant],
-    run_dir: Path,
+    layout: RunLayout,
     events: Events,
     *,
     interleave: bool = False,
@@ -140,8 +80,9 @@ def run_scenario(
     interleave: start all variants' servers, then alternate their phases (fresh A, fresh B, cycle 1 A, ...) so slow
     drift of clocks or load does not bias one variant against the other.
     """
-    runs = [VariantRun(scenario, prep, run_dir, events) for prep in prepared]
-    recorder = Recorder(scenario, run_dir, runs, "interleaved" if interleave else "sequential", kept, started_at, shard)
+    runs = [VariantRun(scenario, p, layout.log_file(scenario.name, p.variant.name), events) for p in prepared]
+    mode = "interleaved" if interleave else "sequential"
+    recorder = Recorder(scenario, layout.scenario_dir(scenario.name), runs, mode, kept, started_at, shard)
     try:
         if interleave:
             _run_interleaved(runs, recorder.save)
@@ -210,13 +151,17 @@ def _stop_when_cancelled(cancel: threading.Event, run: VariantRun) -> None:
 
 @dataclass(frozen=True)
 class Work:
-    """One scenario to run: its prepared variants, its run folder, and what an interrupted run already kept."""
+    """One scenario to run: its prepared variants, the run's folders, and what an interrupted run already kept."""
 
     scenario: Scenario
     prepared: Sequence[PreparedVariant]
-    run_dir: Path
+    layout: RunLayout
     kept: Sequence[VariantResult] = ()
     started_at: str | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.layout.scenario_dir(self.scenario.name)
 
 
 MEASURING = {
@@ -255,19 +200,21 @@ def run_packed_scenarios(
     unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []
     jobs: list[Job] = []
-    by_key: dict[str, tuple[Scenario, PreparedVariant, Path, int]] = {}
+    by_key: dict[str, tuple[Work, PreparedVariant, int]] = {}
     for index, w in enumerate(work):
         recorders.append(Recorder(w.scenario, w.run_dir, [], mode, w.kept, w.started_at, shard))
         for prep in w.prepared:
             key = f"{w.scenario.name}/{prep.variant.name}"
             jobs.append(Job(key, w.scenario.server.tensor_parallel_size))
-            by_key[key] = (w.scenario, prep, w.run_dir, index)
+            by_key[key] = (w, prep, index)
 
     def run_job(job: Job, got: tuple[int, ...]) -> VariantResult:
-        scenario, prep, run_dir, index = by_key[job.key]
+        w, prep, index = by_key[job.key]
+        scenario = w.scenario
         scoped = _scoped(events, scenario.name)
         gpus, cores = ((), got) if cpu else (got, ())
-        run = VariantRun(scenario, prep, run_dir, scoped, gpus=gpus, cores=cores, cancel=cancel)
+        log = w.layout.log_file(scenario.name, prep.variant.name)
+        run = VariantRun(scenario, prep, log, scoped, gpus=gpus, cores=cores, cancel=cancel)
         recorder = recorders[index]
         recorder.add(run)
         watcher = threading.Thread(target=_stop_when_cancelled, args=(cancel, run), daemon=True)

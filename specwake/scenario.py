@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specwake.errors import ScenarioError
+from specwake.expectations import DEFAULT_TOLERANCE, Limits
 from specwake.scenario_file import (
     BUILTIN_PROMPTS,
     LIMIT_KEYS,
@@ -29,7 +30,6 @@ from specwake.scenario_file import (
     allowed_keys,
     did_you_mean,
 )
-from specwake.verdict import DEFAULT_TOLERANCE, Limits
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specwake.verdict import EXPECTATIONS, Limits
+from specwake.expectations import EXPECTATIONS, Limits
 
 # A scenario or variant name names a folder: one path component, nothing that could climb out of --output.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specwake.crashes import INPUT_REJECTED
-from specwake.errors import EXIT_PASS, InputError, ResultsUnwritable
+from specwake.errors import EXIT_PASS, InputError
 from specwake.events import Event, Events
 from specwake.hub import availability
 from specwake.models import is_builtin
@@ -27,21 +27,13 @@ from specwake.prepare import (
 )
 from specwake.report import render_markdown
 from specwake.report.junit import write_junit
-from specwake.results import ScenarioResult, VariantResult
-from specwake.runfolder import (
-    LOGS,
-    REPORT_FILE,
-    RESULT_FILE,
-    check_writable,
-    load_result,
-    new_run_dir,
-    scenario_results,
-)
+from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
+from specwake.runfolder import RESULT_FILE, RunLayout, check_writable, load_result, scenario_results, write_files
 from specwake.runner import Work, run_packed_scenarios, run_scenario
 from specwake.scenario import Overrides, Scenario, load_scenario
-from specwake.schedule import Job, parse_gpu_list, plan_schedule
-from specwake.shards import Shard, jobs_of, parse_shard
-from specwake.verdict import INCOMPLETE, exit_code
+from specwake.schedule import Job, plan_schedule
+from specwake.shards import Shard, jobs_of
+from specwake.verdict import exit_code
 
 
 @dataclass(frozen=True)
@@ -52,10 +44,10 @@ class RunRequest:
     cache: Path
     interleave: bool = False
     sequential: bool = False  # CPU: one server at a time (the default starts them side by side)
-    gpus: str | None = None
+    gpus: tuple[int, ...] | None = None  # --gpus: visible GPU indices; None: every GPU vLLM counts
     junit: Path | None = None
     resume: Path | None = None
-    shard: str | None = None  # "K/N": run only this machine's share of the scenario × variant jobs
+    shard: Shard | None = None  # run only this machine's share of the scenario × variant jobs
 
 
 @dataclass(frozen=True)
@@ -65,15 +57,6 @@ class RunOutcome:
     markdown: str
     exit_code: int
     note: str | None = None
-
-
-def _parse_gpus(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return parse_gpu_list(text)
-    except ValueError as exc:
-        raise InputError(f"--gpus: {exc}") from None
 
 
 def _previous(resume: Path, scenarios: Sequence[Scenario]) -> dict[str, ScenarioResult]:
@@ -101,30 +84,22 @@ def _kept(previous: ScenarioResult | None) -> list[VariantResult]:
     return [v for v in previous.variants if v.outcome != INCOMPLETE]
 
 
-def _run_dirs(request: RunRequest, scenarios: Sequence[Scenario], shard: Shard | None) -> tuple[Path, list[Path]]:
-    now = dt.datetime.now(dt.timezone.utc)
-    suffix = f"-shard-{shard.index}of{shard.count}" if shard else ""
+def _layout(request: RunRequest, scenarios: Sequence[Scenario]) -> RunLayout:
+    """The run's folders, created: a new run folder, or the interrupted one --resume names."""
+    names = [s.name for s in scenarios]
     if request.resume is not None:
-        root = request.resume
-        dirs = [root] if len(scenarios) == 1 else [root / s.name for s in scenarios]
-    elif len(scenarios) == 1:
-        root = new_run_dir(request.output, scenarios[0].name + suffix, now)
-        dirs = [root]
+        layout = RunLayout(request.resume, tuple(names))
     else:
-        root = new_run_dir(request.output, f"{len(scenarios)}-scenarios{suffix}", now)
-        dirs = [root / s.name for s in scenarios]
-    try:
-        for folder in dirs:
-            (folder / LOGS).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ResultsUnwritable(f"results folder not writable: {exc.filename}: {exc.strerror}") from None
-    return root, dirs
+        shard = request.shard
+        label = f"{shard.index}of{shard.count}" if shard else None
+        layout = RunLayout.new(request.output, names, dt.datetime.now(dt.timezone.utc), label)
+    layout.create()
+    return layout
 
 
 def execute(request: RunRequest, events: Events) -> RunOutcome:
     """Everything `specwake run` does; raises SpecwakeError subclasses for input (2) and infrastructure (3)."""
-    gpus = _parse_gpus(request.gpus)
-    shard = parse_shard(request.shard) if request.shard is not None else None
+    gpus, shard = request.gpus, request.shard
     scenarios = [load_scenario(path, request.overrides) for path in request.scenarios]
     _refuse_same_names(scenarios)
     jobs = [(f"{s.name}/{v.name}", s.server.tensor_parallel_size) for s in scenarios for v in s.variants]
@@ -153,21 +128,21 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
         scenarios, prepared = [s for s, _ in active], [p for _, p in active]
     if gpus is not None and any(p.engine.is_gpu for variants in prepared for p in variants):
         _refuse_invisible_gpus(gpus, _visible_gpus(prepared))
-    root, dirs = _run_dirs(request, scenarios, shard)
-    events(Event(f"results in {root}"))
+    layout = _layout(request, scenarios)
+    events(Event(f"results in {layout.root}"))
     work = [
-        Work(s, p, d, _kept(previous.get(s.name)), _started(previous.get(s.name)))
-        for s, p, d in zip(scenarios, prepared, dirs, strict=True)
+        Work(s, p, layout, _kept(previous.get(s.name)), _started(previous.get(s.name)))
+        for s, p in zip(scenarios, prepared, strict=True)
     ]
     results = _run(request, work, gpus, str(shard) if shard else None, events)
     markdown = render_markdown(results)
-    if len(scenarios) > 1:
-        (root / REPORT_FILE).write_text(markdown)
+    if layout.combined_report is not None:
+        write_files(layout.root, {layout.combined_report.name: markdown})
     if request.junit is not None:
         write_junit(request.junit, results)
     _append_step_summary(markdown, events)
     refused = any(v.crash_class == INPUT_REJECTED for r in results for v in r.variants)
-    return RunOutcome(results, root, markdown, exit_code([r.verdict for r in results], input_rejected=refused))
+    return RunOutcome(results, layout.root, markdown, exit_code([r.verdict for r in results], input_rejected=refused))
 
 
 def _run(
@@ -185,7 +160,7 @@ def _run(
         run_scenario(
             w.scenario,
             w.prepared,
-            w.run_dir,
+            w.layout,
             events,
             interleave=request.interleave,
             kept=w.kept,
@@ -254,13 +229,13 @@ def check_all(
     cache: Path,
     events: Events,
     *,
-    gpus: str | None = None,
+    gpus: tuple[int, ...] | None = None,
     online: bool = False,
 ) -> CheckOutcome:
     """Everything `run` resolves before launching, for every scenario, plus the GPU assignment packing would
     choose and where each model would be loaded from (`online`: the Hub asked too); launches no server.
     Input problems raise (exit 2), a missing engine raises (exit 3)."""
-    inventory = _parse_gpus(gpus)
+    inventory = gpus
     scenarios = [load_scenario(path, overrides) for path in paths]
     patches = [inspect_patches(s) for s in scenarios]
     prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]

@@ -7,35 +7,23 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from specwake import diagnose
+from specwake import diagnose, protocol
 from specwake.client import VllmClient
 from specwake.completions import Completer, Completion
 from specwake.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
-from specwake.cycle import push_request, run_cycle
+from specwake.cycle import run_cycle
 from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFailed
 from specwake.events import Event, Events
+from specwake.judge import VariantRecord, judge_variant, push_of
 from specwake.measure import Workload, run_stage, stage_name
-from specwake.plan import redact_env
 from specwake.prepare import PreparedVariant, check_imports, plan_variant
-from specwake.results import StageResult, StepResult, VariantResult
+from specwake.results import StepResult, VariantResult
 from specwake.scenario import Scenario
 from specwake.server import Server, ServerSpec, describe_exit, free_port
-from specwake.verdict import (
-    INCOMPLETE,
-    decide_outcome,
-    findings,
-    judges_drafter,
-    outcome_matches,
-    sleep_ignored,
-    speed_rule,
-)
-from specwake.weights import restored
 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result
@@ -52,7 +40,7 @@ class VariantRun:
         self,
         scenario: Scenario,
         prep: PreparedVariant,
-        run_dir: Path,
+        log_path: Path,
         events: Events,
         *,
         gpus: tuple[int, ...] = (),
@@ -63,30 +51,19 @@ class VariantRun:
         self.scenario, self.prep, self.events, self.clock = scenario, prep, events, clock
         self.cancel = cancel  # set when the whole run is being interrupted (packed runs stop servers from outside)
         self.name = prep.variant.name
-        self.gpus, self.cores = gpus, cores
-        self.log_path = run_dir / "logs" / f"{self.name}.log"
-        self._plan_server(port=0)  # the real port is chosen just before launch (see open)
+        self.log_path = log_path
+        self.plan = plan_variant(scenario, prep, 0, gpus, cores)  # the port is bound just before launch (open)
+        self.server = self._server(self.plan.port)
+        self.workload = Workload.of(scenario, prep.model)
+        self.push = push_of(scenario, prep)
+        self.record = VariantRecord(self.name, str(log_path), self.plan.argv, self.plan.env_added, gpus, cores)
         self.client: VllmClient | None = None
         self.completer: Completer | None = None
         self.fresh_completions: list[Completion] = []  # kept to compare tokens and logprobs after each cycle
-        self.stages: list[StageResult] = []
-        self.steps: list[StepResult] = []
-        self.diagnostics: list[dict[str, Any]] = []
-        self.info: dict[str, Any] = {}
-        self.crash_class: str | None = None  # set when the variant failed (see specwake.crashes)
-        self.error: str | None = None
-        self.first_error: str | None = None
-        self.crash_lines: tuple[str, ...] = ()
-        self.excerpt: str | None = None
         self.phase = "startup"
         self.completed_phases = 0
-        self.timings: dict[str, float] = {}
         self.started = clock()
         self.ended: float | None = None  # when its server was stopped
-
-    @property
-    def _pushing(self) -> bool:
-        return self.scenario.cycle.reload == "push"
 
     @property
     def phases(self) -> int:
@@ -95,30 +72,31 @@ class VariantRun:
     @property
     def finished(self) -> bool:
         """Stopped early by a failure: no further phase will run."""
-        return self.crash_class is not None
+        return self.record.crash_class is not None
 
     @property
     def started_any(self) -> bool:
-        return bool(self.timings) or self.finished
+        return bool(self.record.timings) or self.finished
 
     @property
     def complete(self) -> bool:
         return self.finished or self.completed_phases >= self.phases
 
     def _timed(self, key: str, seconds: float) -> None:
-        self.timings[key] = round(self.timings.get(key, 0.0) + seconds, 3)
+        timings = self.record.timings
+        timings[key] = round(timings.get(key, 0.0) + seconds, 3)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def _plan_server(self, port: int) -> None:
-        self.plan = plan_variant(self.scenario, self.prep, port, self.gpus, self.cores)
+    def _server(self, port: int) -> Server:
         timeout = self.scenario.server.startup_timeout_s
-        spec = ServerSpec(self.plan.argv, self.plan.env, port, self.log_path, timeout, cpus=self.cores)
-        self.server = Server(spec)
+        return Server(ServerSpec(self.plan.argv, self.plan.env, port, self.log_path, timeout, cpus=self.plan.cores))
 
     def open(self) -> None:
         """Start the server, wait for /health, check it is ours and imports the right vLLM."""
-        self._plan_server(free_port())  # as late as possible: a port picked early may be taken meanwhile
+        self.plan = self.plan.with_port(free_port())  # as late as possible: a port picked early may be taken meanwhile
+        self.record.argv = self.plan.argv
+        self.server = self._server(self.plan.port)
         self.say(f"starting server on 127.0.0.1:{self.plan.port} (log {self.log_path})")
         t0 = self.started = self.clock()
         try:
@@ -136,7 +114,7 @@ class VariantRun:
                 server_alive=False,
                 message=str(exc),
             )
-            self.crash_lines, self.first_error = evidence.lines, evidence.first_error
+            self.record.crash_lines, self.record.first_error = evidence.lines, evidence.first_error
             self._fail(STARTUP_FAILED, str(exc), exc.log_tail)
             return
         self._timed("startup", self.clock() - t0)
@@ -159,8 +137,8 @@ class VariantRun:
             )
             self._fail(PORT_CONFLICT, problem, self.server.log_tail(LOG_EXCERPT_LINES))
             return
-        infos = client.rpc_results("specwake_info", timeout=self.scenario.cycle.step_timeout_s)
-        self.info = {"workers": infos}
+        infos = client.rpc_results(protocol.INFO, timeout=self.scenario.cycle.step_timeout_s)
+        self.record.info = {"workers": infos}
         mismatch = check_imports(self.prep, infos)
         if mismatch:
             self._fail(OVERLAY_NOT_USED, mismatch, self.server.log_tail(20))
@@ -183,7 +161,7 @@ class VariantRun:
         try:
             if index == 0:
                 self._stage(self.client, 0)
-                self._diagnose(self.client, 0, "after fresh")
+                self._diagnose(self.client, 0, protocol.FRESH_POINT)
             else:
                 self._cycle(self.client, index)
                 if not self.finished:
@@ -193,31 +171,27 @@ class VariantRun:
         self.completed_phases = index + 1
 
     def _stage(self, client: VllmClient, cycle: int) -> None:
-        w = self.scenario.workload
-        workload = Workload(
-            self.prep.model, self.scenario.prompts, w.max_tokens, w.repeats, w.warmup, w.temperature,
-            w.ignore_eos, w.request_timeout_s,
-        )  # fmt: skip
         label = stage_name(cycle, self.prep.variant.level)
         self.phase = label
         self.say(f"stage {label}")
-        fresh = self.stages[0] if cycle > 0 and self.stages else None
+        stages = self.record.stages
+        fresh = stages[0] if cycle > 0 and stages else None
         t0 = self.clock()
         done: list[float] = []
 
         def on_request(completion: Completion) -> None:
             done.append(completion.tok_s)
-            self.say(f"{label}: request {len(done)}/{w.repeats}: {completion.tok_s:.1f} tok/s")
+            self.say(f"{label}: request {len(done)}/{self.workload.repeats}: {completion.tok_s:.1f} tok/s")
 
         assert self.completer is not None
         result, completions = run_stage(
-            client, self.completer, workload, name=label, cycle=cycle, fresh=fresh,
+            client, self.completer, self.workload, name=label, cycle=cycle, fresh=fresh,
             fresh_completions=self.fresh_completions, on_request=on_request,
         )  # fmt: skip
         if cycle == 0:
             self.fresh_completions = completions
         self._timed("measurement", self.clock() - t0)
-        self.stages.append(result)
+        stages.append(result)
         al = "–" if result.acceptance_length is None else f"{result.acceptance_length:.2f}"
         self.say(f"{label}: AL {al}, {result.tok_s_median or 0:.1f} tok/s (median)")
 
@@ -225,21 +199,20 @@ class VariantRun:
         t0 = self.clock()
         entry = diagnose.take(client, cycle, point, timeout=self.scenario.cycle.step_timeout_s)
         if entry is not None:
-            self.diagnostics.append(entry)
+            self.record.diagnostics.append(entry)
         self._timed("diagnostics", self.clock() - t0)
 
     def _cycle(self, client: VllmClient, k: int) -> None:
-        level, variant = self.prep.variant.level, self.prep.variant
-        push = push_request(variant.push_to, dict(variant.push_scale)) if self._pushing else None
+        level = self.prep.variant.level
         self.phase = f"L{level} cycle #{k}"
         self.say(f"L{level} cycle #{k}")
-        self._diagnose(client, k, "before sleep")
+        self._diagnose(client, k, protocol.BEFORE_SLEEP)
 
         def after_step(step: StepResult) -> None:
             self.phase = f"L{level} cycle #{k} {step.name}"
             self._timed("cycle_steps", step.seconds)
             if step.ok:
-                self._diagnose(client, k, diagnose.point_after(step.name))
+                self._diagnose(client, k, protocol.STEP_BY_NAME[step.name].point)
 
         steps, fault = run_cycle(
             client,
@@ -248,11 +221,11 @@ class VariantRun:
             emulate_discard=self.prep.l2_discard == "emulated",
             step_timeout_s=self.scenario.cycle.step_timeout_s,
             fill=self.scenario.cycle.discard_fill,
-            push=push,
+            push=self.push,
             on_step=after_step,
             host_rss=self.server.rss_bytes,
         )
-        self.steps.extend(steps)
+        self.record.steps.extend(steps)
         if fault is not None:
             self._crash(fault)
 
@@ -275,7 +248,7 @@ class VariantRun:
             server_alive=alive,
             message=message,
         )
-        self.crash_lines, self.first_error = crash.lines, crash.first_error
+        self.record.crash_lines, self.record.first_error = crash.lines, crash.first_error
         self._fail(crash.cls, f"{crash.reason}: {message}", self.server.log_tail(LOG_EXCERPT_LINES))
 
     def say(self, text: str) -> None:
@@ -284,64 +257,11 @@ class VariantRun:
 
     def _fail(self, crash_class: str, error: str, excerpt: str | None) -> None:
         """Record what went wrong; verdict.decide_outcome turns the class into `error` or `crash`."""
-        self.crash_class, self.error, self.excerpt = crash_class, error, excerpt
+        self.record.crash_class, self.record.error, self.record.excerpt = crash_class, error, excerpt
         self.say(f"failed ({crash_class}) during {self.phase}: {error.splitlines()[0] if error else ''}")
 
     def result(self) -> VariantResult:
         """The variant's result so far; outcome `incomplete` while phases remain (partial result files)."""
-        prep, variant = self.prep, self.prep.variant
-        push = {"to": list(variant.push_to), "scale": dict(variant.push_scale)} if self._pushing else None
-        if not self.complete:
-            outcome = INCOMPLETE
-        else:
-            outcome = decide_outcome(
-                self.stages,
-                tolerance=self.scenario.tolerance,
-                failure=self.crash_class,
-                target_restored=restored(self.diagnostics, "target"),
-                draft_restored=restored(self.diagnostics, "draft") if judges_drafter(push) else None,
-                speed=speed_rule(self.scenario.min_speedup_recovery, self.prep.l2_discard),
-                speculative=variant.speculative,
-                perturbed=self._pushing and bool(variant.push_scale),
-                sleep_ignored=sleep_ignored(variant.level, prep.l2_discard, self._pushing),
-            )
-        workers = self.info.get("workers") or []
-        result = VariantResult(
-            name=self.name,
-            outcome=outcome,
-            expected=variant.expected,
-            matched=outcome != INCOMPLETE and outcome_matches(outcome, variant.expected),
-            platform=prep.engine.platform,
-            l2_discard=prep.l2_discard,
-            vllm_version=prep.engine.vllm_version,
-            vllm_file=workers[0].get("vllm_file") if workers and isinstance(workers[0], dict) else None,
-            python=prep.engine.python,
-            patch=str(variant.patch) if variant.patch else None,
-            patch_sha256=prep.patch_sha256,
-            overlay=str(prep.overlay.root) if prep.overlay else None,
-            command=self.plan.argv,
-            env=redact_env(self.plan.env_added),
-            error=self.error,
-            crash_class=self.crash_class,
-            first_error=self.first_error,
-            log_path=str(self.log_path),
-            log_excerpt=self.excerpt,
-            stages=list(self.stages),
-            steps=list(self.steps),
-            info={
-                **self.info,
-                "entrypoint": prep.engine.entrypoint,
-                "gpus": list(self.plan.gpus),  # visible indices, as --gpus takes them
-                "cores": list(self.cores),  # CPU cores its worker was bound to, when servers ran side by side
-                "devices": self.plan.env_added.get("CUDA_VISIBLE_DEVICES"),  # what the server was given
-                "crash_lines": list(self.crash_lines),
-                "timings": self.timings,
-            },
-            seconds=round((self.ended if self.ended is not None else self.clock()) - self.started, 2),
-            diagnostics=list(self.diagnostics),
-            push=push,
-        )
-        if outcome == INCOMPLETE:
-            return result
-        found = findings(result, self.scenario.limits)
-        return replace(result, findings=found, matched=result.matched and not found)
+        self.record.complete = self.complete
+        self.record.seconds = round((self.ended if self.ended is not None else self.clock()) - self.started, 2)
+        return judge_variant(self.scenario, self.prep, self.record)

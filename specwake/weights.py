@@ -9,9 +9,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specwake.protocol import (
+    AWAKE_POINT,
+    BEFORE_SLEEP,
+    RESTORE_POINTS,
+    ROLES,
+    SLEEP,
+    DiscardAnswer,
+    Fingerprint,
+    Memory,
+)
+
 GIB = 1024**3
-RESTORE_POINTS = ("after reload_weights", "after push")  # where weights should be back
-ROLES = ("target", "draft")
 KIND_WORDS = {"parameter": "parameters", "buffer": "buffers", "attribute": "tensor attributes"}
 GRAPH_HAZARD = "a CUDA graph captured before the sleep reads the old memory"
 
@@ -23,44 +32,35 @@ def _at(diagnostics: Sequence[dict[str, Any]], point: str, cycle: int | None = N
     return None
 
 
-def _role(fingerprint: Any, role: str) -> dict[str, Any] | None:
-    part = fingerprint.get(role) if isinstance(fingerprint, dict) else None
-    return part if isinstance(part, dict) and part.get("present", True) else None
+def _role(fingerprint: Any, role: str) -> Fingerprint | None:
+    part = Fingerprint.from_dict(fingerprint.get(role) if isinstance(fingerprint, dict) else None)
+    return part if part is not None and part.present else None
 
 
-def _kinds(counts: Any) -> str:
+def _kinds(counts: dict[str, int]) -> str:
     """`5 parameters, 2 tensor attributes` from {"parameter": 5, "buffer": 0, "attribute": 2}; "" when empty."""
-    if not isinstance(counts, dict):
-        return ""
     return ", ".join(f"{int(n)} {KIND_WORDS.get(k, k)}" for k, n in counts.items() if isinstance(n, int) and n)
 
 
-def _not_restored(part: dict[str, Any]) -> int:
-    """How many of one rank's tensors are not back as fresh (differing, on meta, or a packed copy still discarded)."""
-    return int(part.get("differ", 0)) + int(part.get("on_meta", 0)) + int(part.get("packed_discarded", 0))
-
-
-def _rank_text(part: dict[str, Any]) -> tuple[str, str]:
+def _rank_text(part: Fingerprint) -> tuple[str, str]:
     """(the count phrase, the notes) of one rank's fingerprint of one model."""
-    tensors = int(part.get("tensors", 0))
-    if "differ" in part:
-        count = f"{int(part['differ'])}/{int(part.get('compared', tensors))} tensors differ from fresh"
-        by_kind = part.get("differ_by_kind")
-        if part["differ"] and isinstance(by_kind, dict) and any(by_kind.get(k) for k in ("buffer", "attribute")):
-            count += f" ({_kinds(by_kind)})"
-        if part.get("packed_discarded"):
-            count += f", {int(part['packed_discarded'])}/{int(part['packed'])} packed CPU weights still discarded"
+    if part.differ is not None:
+        count = f"{part.differ}/{part.tensors if part.compared is None else part.compared} tensors differ from fresh"
+        if part.differ and any(part.differ_by_kind.get(k) for k in ("buffer", "attribute")):
+            count += f" ({_kinds(part.differ_by_kind)})"
+        if part.packed_discarded:
+            count += f", {part.packed_discarded}/{part.packed} packed CPU weights still discarded"
     else:  # result files written before checksums were compared
-        count = f"{int(part.get('all_zero', 0)) + int(part.get('on_meta', 0))}/{tensors} parameters all-zero or on meta"
+        count = f"{part.all_zero + part.on_meta}/{part.tensors} parameters all-zero or on meta"
     notes = []
-    if part.get("nonfinite"):
-        notes.append(f"{part['nonfinite']} hold NaN/inf")
-    if part.get("on_meta") and "differ" in part:
-        notes.append(f"{part['on_meta']} on meta")
-    if part.get("shared_with_target"):
-        notes.append(f"{part['shared_with_target']} shared with the target")
-    if part.get("empty"):
-        notes.append(f"{part['empty']} empty parameters: weights the backend keeps packed")
+    if part.nonfinite:
+        notes.append(f"{part.nonfinite} hold NaN/inf")
+    if part.on_meta and part.compares:
+        notes.append(f"{part.on_meta} on meta")
+    if part.shared_with_target:
+        notes.append(f"{part.shared_with_target} shared with the target")
+    if part.empty:
+        notes.append(f"{part.empty} empty parameters: weights the backend keeps packed")
     return count, "; ".join(notes)
 
 
@@ -71,15 +71,20 @@ class Restore:
     role: str
     cycle: int
     point: str
-    parts: tuple[dict[str, Any] | None, ...]
+    parts: tuple[Fingerprint | None, ...]
 
     @property
     def what(self) -> str:
         return self.point.removeprefix("after ")
 
     @property
+    def judged(self) -> bool:
+        """Some rank compared this model with fresh."""
+        return any(p is not None and p.compares for p in self.parts)
+
+    @property
     def not_restored(self) -> int:
-        return sum(_not_restored(p) for p in self.parts if p is not None and "differ" in p)
+        return sum(p.not_restored for p in self.parts if p is not None)
 
     def text(self) -> str:
         """The count phrase, per rank when ranks differ."""
@@ -134,7 +139,7 @@ def weights_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None
 
 def restored(diagnostics: Sequence[dict[str, Any]], role: str) -> bool | None:
     """Whether every rank's `role` matched its fresh checksums after every reload or push; None if unknown."""
-    judged = [r for r in restores(diagnostics, role) if any(p is not None and "differ" in p for p in r.parts)]
+    judged = [r for r in restores(diagnostics, role) if r.judged]
     if not judged:
         return None
     return all(r.not_restored == 0 for r in judged)
@@ -173,13 +178,11 @@ def moved(diagnostics: Sequence[dict[str, Any]]) -> list[Moved]:
     found = []
     for role in ROLES:
         for r in restores(diagnostics, role):
-            parts = [p for p in r.parts if p is not None and p.get("moved")]
+            parts = [p for p in r.parts if p is not None and p.moved]
             if parts:
-                top = max(parts, key=lambda p: int(p["moved"]))
-                kinds = top.get("moved_by_kind")
-                by_kind = {str(k): int(n) for k, n in kinds.items()} if isinstance(kinds, dict) else {}
-                names = tuple(str(n) for n in top.get("moved_names") or [])
-                found.append(Moved(role, r.cycle, r.point, int(top["moved"]), by_kind, names))
+                top = max(parts, key=lambda p: p.moved or 0)
+                names = tuple(str(n) for n in top.moved_names)
+                found.append(Moved(role, r.cycle, r.point, top.moved or 0, dict(top.moved_by_kind), names))
                 break
     return found
 
@@ -189,40 +192,36 @@ def discard_line(steps: Sequence[Any]) -> str | None:
     packed CPU weights; 10 buffers kept · draft: …` (per rank when ranks differ); None without a discard answer."""
     step = next((s for s in steps if getattr(s, "name", None) == "discard" and getattr(s, "response", None)), None)
     results = step.response.get("results") if step is not None and isinstance(step.response, dict) else None
-    if not results:
+    answers = [DiscardAnswer.from_dict(answer) for answer in results or []]
+    if not answers or any(answer is None for answer in answers):
         return None
-    texts = [_discard_text(answer) for answer in results if isinstance(answer, dict)]
-    if not texts or any(t is None for t in texts):
-        return None
+    texts = [_discard_text(answer) for answer in answers if answer is not None]
     if len(set(texts)) == 1:
         return f"discarded (emulated) — {texts[0]}"
     return "discarded (emulated) — " + " · ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
 
 
-def _discard_text(answer: dict[str, Any]) -> str | None:
+def _discard_text(answer: DiscardAnswer) -> str:
     parts = []
-    for role in ROLES:
-        counts = answer.get(role)
-        if not isinstance(counts, dict):
-            continue
-        lost = [f"{int(counts.get('parameter', 0))} parameters", f"{int(counts.get('attribute', 0))} tensor attributes"]
-        if counts.get("packed"):
-            lost.append(f"{int(counts['packed'])} packed CPU weights")
-        parts.append(f"{role}: {', '.join(lost)}; {int(counts.get('buffer_kept', 0))} buffers kept")
-    return " · ".join(parts) or None
+    for role, counts in answer.models.items():
+        lost = [f"{counts.parameter} parameters", f"{counts.attribute} tensor attributes"]
+        if counts.packed:
+            lost.append(f"{counts.packed} packed CPU weights")
+        parts.append(f"{role}: {', '.join(lost)}; {counts.buffer_kept} buffers kept")
+    return " · ".join(parts)
 
 
 def _free(entry: dict[str, Any] | None) -> list[int | None]:
     if entry is None:
         return []
-    return [m.get("free_bytes") if isinstance(m, dict) else None for m in entry.get("memory") or []]
+    return [Memory.from_dict(m).free_bytes for m in entry.get("memory") or []]
 
 
 def memory_line(diagnostics: Sequence[dict[str, Any]], cycle: int = 1) -> str:
     """GiB freed by sleep and restored by wake, per rank, for one cycle; `n/a` where no device memory exists."""
-    before = _free(_at(diagnostics, "before sleep", cycle))
-    asleep = _free(_at(diagnostics, "after sleep", cycle))
-    awake = _free(_at(diagnostics, "after wake_kv_cache", cycle))
+    before = _free(_at(diagnostics, BEFORE_SLEEP, cycle))
+    asleep = _free(_at(diagnostics, SLEEP.point, cycle))
+    awake = _free(_at(diagnostics, AWAKE_POINT, cycle))
     if not before or any(v is None for v in before + asleep + awake) or not asleep or not awake:
         return "device memory: n/a (no accelerator memory reported)"
     parts = []

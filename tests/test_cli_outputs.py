@@ -11,14 +11,15 @@ import pandas as pd
 from typer.testing import CliRunner
 
 from specwake.cli import app
+from specwake.report import run_files
 from specwake.results import ScenarioResult
-from specwake.runfolder import load_result, write_run_files
+from specwake.runfolder import load_result, write_files
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "result-v1-sample.json"
 
 
 def save(folder: Path, result: ScenarioResult) -> Path:
-    write_run_files(folder, result)
+    write_files(folder, run_files(result))
     return folder
 
 

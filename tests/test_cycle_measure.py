@@ -8,9 +8,10 @@ import pytest
 
 from specwake.client import VllmClient
 from specwake.completions import Completer, Completion
-from specwake.cycle import cycle_steps, push_request, run_cycle
+from specwake.cycle import cycle_steps, run_cycle
 from specwake.errors import RequestFailed, RequestTimeout
 from specwake.measure import Workload, drift, run_stage, stage_name
+from specwake.protocol import PushRequest
 from tests.mock_vllm import MockVllm
 
 WORKLOAD = Workload(
@@ -172,11 +173,12 @@ def test_request_failure_propagates() -> None:
 
 
 def test_a_push_replaces_reload_weights_at_either_level() -> None:
-    request = push_request(["target", "draft"], {"model.x.weight": 2.0})
+    push = PushRequest(("target", "draft"), {"model.x.weight": 2.0})
+    request = push.to_json()
     assert json.loads(request) == {"to": ["target", "draft"], "scale": {"model.x.weight": 2.0}}
-    l2 = cycle_steps(2, emulate_discard=True, push=request)
+    l2 = cycle_steps(2, emulate_discard=True, push=push)
     assert [s.name for s in l2] == ["sleep", "discard", "wake_weights", "push", "wake_kv_cache", "reset_prefix_cache"]
     assert l2[3].rpc == "specwake_push" and l2[3].rpc_kwargs == (("request", request),)
-    l1 = cycle_steps(1, emulate_discard=True, push=request)  # L1 keeps its weights: nothing to discard
+    l1 = cycle_steps(1, emulate_discard=True, push=push)  # L1 keeps its weights: nothing to discard
     assert [s.name for s in l1] == ["sleep", "wake_weights", "push", "wake_kv_cache", "reset_prefix_cache"]
     assert l1[0].params == (("level", "1"),)

@@ -14,8 +14,10 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from specwake.crashes import MEANINGS
+from specwake.expectations import EXPECTATIONS
+from specwake.results import INCOMPLETE
 from specwake.scenario_file import EXPECT_NUMBERS, POSITIVE, ScenarioFile
-from specwake.verdict import EXPECTATIONS, INCOMPLETE, OUTCOMES
+from specwake.verdict import OUTCOMES, RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -301,10 +303,14 @@ def column(doc: Path, heading: str, name: str) -> list[str]:
     return [v for row in table_rows(match.group(1)) for v in ticked(row.get(name, ""))]
 
 
-def test_every_outcome_has_a_rule_in_how_it_works() -> None:
-    ruled = column(DOCS / "how-it-works.md", "Outcome of a variant", "outcome")
-    assert sorted(ruled) == sorted(OUTCOMES), f"outcome rules {ruled} differ from verdict.OUTCOMES {OUTCOMES}"
-    assert f"`{INCOMPLETE}`" in (DOCS / "how-it-works.md").read_text()
+def test_the_outcome_rules_in_how_it_works_are_the_codes_table_in_its_order() -> None:
+    text = FENCE.sub("", (DOCS / "how-it-works.md").read_text())
+    match = re.search(r"^#+ Outcome of a variant\s*$(.*?)(?=^#)", text + "\n#", re.MULTILINE | re.DOTALL)
+    assert match is not None
+    rows = [(row["#"], row["outcome"], row["rule"]) for row in table_rows(match.group(1))]
+    assert rows == [(str(n), f"`{r.outcome}`", r.text) for n, r in enumerate(RULES, 1)]
+    assert {r.outcome for r in RULES} == set(OUTCOMES)  # every outcome has a rule
+    assert f"`{INCOMPLETE}`" in text
 
 
 def test_every_outcome_is_listed_in_scenario_format_and_results() -> None:

@@ -17,10 +17,18 @@ import pandas as pd
 import pytest
 
 from specwake.errors import InputError, ResultsUnwritable
-from specwake.report import STAGE_COLUMNS, provenance_line, render_csv, render_json, render_markdown, stages_frame
+from specwake.report import (
+    STAGE_COLUMNS,
+    provenance_line,
+    render_csv,
+    render_json,
+    render_markdown,
+    run_files,
+    stages_frame,
+)
 from specwake.report.summary import EMULATED_NOTE, RESET_NOTE
 from specwake.results import SCHEMA, StepResult, VariantResult, from_dict
-from specwake.runfolder import load_result, write_run_files
+from specwake.runfolder import load_result, write_files
 from specwake.stats import ratio
 from tests.builders import (
     PATCH_SHA,
@@ -268,10 +276,10 @@ def test_render_csv_carries_intervals_and_ratio_to_fresh() -> None:
     assert pd.isna(frame.iloc[0]["tok_s_vs_fresh"])  # the fresh stage has no ratio to itself
 
 
-def test_write_run_files_and_load_round_trip(tmp_path: Path) -> None:
+def test_write_files_and_load_round_trip(tmp_path: Path) -> None:
     result = graphed_gpu()
     run_dir = tmp_path / "20250601-120000-eagle3-graphed"
-    write_run_files(run_dir, result)
+    write_files(run_dir, run_files(result))
     assert sorted(p.name for p in run_dir.iterdir()) == ["report.md", "result.json", "stages.csv"]
     assert load_result(run_dir) == result
     assert load_result(run_dir / "result.json") == result
@@ -281,19 +289,19 @@ def test_write_run_files_and_load_round_trip(tmp_path: Path) -> None:
     assert len(csv) == sum(len(v.stages) for v in result.variants)
 
 
-def test_write_run_files_replaces_a_previous_result(tmp_path: Path) -> None:
+def test_write_files_replaces_a_previous_result(tmp_path: Path) -> None:
     partial = replace(tiny_cpu(), complete=False, verdict="error")
-    write_run_files(tmp_path, partial)
-    write_run_files(tmp_path, tiny_cpu())
+    write_files(tmp_path, run_files(partial))
+    write_files(tmp_path, run_files(tiny_cpu()))
     assert load_result(tmp_path) == tiny_cpu()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_write_run_files_unwritable_folder(tmp_path: Path) -> None:
+def test_write_files_unwritable_folder(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     with pytest.raises(ResultsUnwritable, match=str(blocker)):
-        write_run_files(blocker / "run", tiny_cpu())
+        write_files(blocker / "run", run_files(tiny_cpu()))
 
 
 def test_old_sample_result_still_loads() -> None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specwake.report.cycles import cost_table, drift_line, ledger, logprob_line, prefix_cache_line
-from specwake.results import StageResult, StepResult
-from specwake.verdict import MIB
+from specwake.results import MIB, StageResult, StepResult
 from tests import builders
 
 BASE = builders.variant("patched", "recover", "recover")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from specwake.errors import InputError, ResultsUnwritable
-from specwake.runfolder import load_many, load_result, load_results, new_run_dir, runs_in, write_run_files
+from specwake.report import run_files
+from specwake.runfolder import load_many, load_result, load_results, new_run_dir, runs_in, write_files
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "result-v1-sample.json"
 NOW = dt.datetime(2026, 11, 30, 8, 0, 0, tzinfo=dt.timezone.utc)
@@ -34,7 +35,7 @@ def test_new_run_dir_never_reuses_a_name(tmp_path: Path) -> None:
 
 def test_write_and_load_round_trip(tmp_path: Path) -> None:
     result = load_result(SAMPLE)
-    write_run_files(tmp_path / "run", result)
+    write_files(tmp_path / "run", run_files(result))
     assert {p.name for p in (tmp_path / "run").iterdir()} == {"result.json", "report.md", "stages.csv"}
     assert load_result(tmp_path / "run") == result
 

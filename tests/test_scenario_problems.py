@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specwake.verdict import RULES
 from tests.fakeengine import FakeEngine, run_cli, scenario_text
 from tests.test_faults import result_of, run, variant
 
@@ -50,3 +51,5 @@ def test_check_says_an_l1_variant_on_cpu_tests_nothing(engine: FakeEngine, tmp_p
     assert "note: vLLM ignores sleep on CPU" in l1 and "outcome will be `untested`" in l1
     assert "untested" not in l2
     assert "    untested  an L1 sleep the engine ignores (CPU)" in proc.stdout  # the rule, in check's rule list
+    listed = [line.split()[0] for line in proc.stdout.split("decides (first rule that applies):")[1].splitlines()[1:11]]
+    assert listed == [rule.outcome for rule in RULES]  # check prints the code's table, in its order

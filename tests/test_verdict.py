@@ -12,20 +12,15 @@ import pytest
 
 from specwake.crashes import ERROR_CLASSES, MEANINGS
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_PASS
-from specwake.results import StageResult, StepResult, VariantResult
+from specwake.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, EXPECTATIONS, Limits
+from specwake.report.explain import explain, first_difference
+from specwake.results import INCOMPLETE, StageResult, StepResult, VariantResult
 from specwake.verdict import (
-    COLLAPSE_AL,
-    DEFAULT_MIN_SPEEDUP,
-    EXPECTATIONS,
-    INCOMPLETE,
     OUTCOMES,
-    Limits,
     decide_outcome,
     decide_verdict,
     exit_code,
-    explain,
     findings,
-    first_difference,
     judges_drafter,
     outcome_matches,
     sleep_ignored,

@@ -48,6 +48,13 @@ class Worker(SpecwakeWorkerExtension):
         self.rank = 0
 
 
+def test_every_worker_method_the_protocol_names_exists() -> None:
+    from specwake import protocol
+
+    for method in (protocol.INFO, protocol.FINGERPRINT, protocol.MEMORY, protocol.DISCARD, protocol.PUSH):
+        assert callable(getattr(SpecwakeWorkerExtension, method, None)), method
+
+
 def test_finds_target_and_draft() -> None:
     runner = Runner()
     assert find_target(runner) is runner.model

@@ -7,10 +7,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from specwake.protocol import AWAKE_POINT
 from specwake.report.markdown import MISSING, cell, inline, num
-from specwake.results import LOGPROB_TOLERANCE, StageResult, VariantResult
+from specwake.results import LOGPROB_TOLERANCE, MIB, StageResult, VariantResult
 from specwake.stats import Slope, slope
-from specwake.verdict import MIB, rss_after_wake, wake_seconds
 from specwake.weights import GIB
 
 MIN_DRIFT_CYCLES = 3  # a slope needs this many cycles for an interval
@@ -64,7 +64,7 @@ def cost_table(variants: Sequence[VariantResult]) -> list[str]:
     """What each variant's wake costs, side by side: the trade-off of reloading against preserving in host memory."""
     rows = []
     for v in variants:
-        wakes, rss = wake_seconds(v.steps), rss_after_wake(v.steps)
+        wakes, rss = v.wake_seconds(), v.rss_after_wake()
         if wakes or rss:
             seconds = statistics.median(wakes.values()) if wakes else None
             host = statistics.median(rss.values()) / MIB if rss else None
@@ -83,7 +83,7 @@ def _free_after_wake(variant: VariantResult) -> dict[int, float]:
     for entry in variant.diagnostics:
         memory = entry.get("memory") or []
         value = memory[0].get("free_bytes") if memory and isinstance(memory[0], dict) else None
-        if entry.get("point") == "after wake_kv_cache" and isinstance(value, int):
+        if entry.get("point") == AWAKE_POINT and isinstance(value, int):
             free[int(entry["cycle"])] = value / GIB
     return free
 
@@ -91,7 +91,7 @@ def _free_after_wake(variant: VariantResult) -> dict[int, float]:
 def ledger(variant: VariantResult) -> list[str]:
     """One row per cycle: AL and decode time after it, what its wake took and left in memory."""
     post = {s.cycle: s for s in _post(variant)}
-    wakes, rss, free = wake_seconds(variant.steps), rss_after_wake(variant.steps), _free_after_wake(variant)
+    wakes, rss, free = variant.wake_seconds(), variant.rss_after_wake(), _free_after_wake(variant)
     cycles = sorted(set(post) | set(wakes) | set(rss))
     if not cycles:
         return []
@@ -125,7 +125,7 @@ def _slope_text(s: Slope, unit: str, digits: int) -> str:
 
 def drift_line(variant: VariantResult) -> str | None:
     """Per-cycle slope of host RSS, wake time and AL, with a 95 % interval (from MIN_DRIFT_CYCLES cycles on)."""
-    rss, wakes = rss_after_wake(variant.steps), wake_seconds(variant.steps)
+    rss, wakes = variant.rss_after_wake(), variant.wake_seconds()
     als = {s.cycle: s.acceptance_length for s in _post(variant) if s.acceptance_length is not None}
     if max(len(rss), len(wakes), len(als)) < MIN_DRIFT_CYCLES:
         return None

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specwake.errors import InputError, ResultsUnwritable
-from specwake.results import ScenarioResult, VariantResult
+from specwake.results import MIB, ScenarioResult, VariantResult
 from specwake.stats import summarize
-from specwake.verdict import MIB, rss_after_wake
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -118,7 +117,7 @@ def tpot_series(variant: VariantResult) -> tuple[list[int], list[float]]:
 
 def rss_series(variant: VariantResult) -> tuple[list[int], list[float]]:
     """(cycles, host RSS of the server group after the wake, MiB)."""
-    rss = rss_after_wake(variant.steps)
+    rss = variant.rss_after_wake()
     return list(rss), [v / MIB for v in rss.values()]
 
 

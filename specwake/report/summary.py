@@ -8,20 +8,18 @@ from typing import Any
 
 from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
 from specwake.report.details import details
+from specwake.report.explain import explain, unrestored_drafter
 from specwake.report.markdown import MISSING, cell, inline, num, ratio_cell, short_sha
 from specwake.report.rows import Row, after_samples, stage_rows
-from specwake.results import ScenarioResult, VariantResult
+from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
 from specwake.stats import Summary, ratio, summarize
 from specwake.verdict import (
-    INCOMPLETE,
     NOT_TESTED,
     SpeedRule,
-    explain,
     outcome_matches,
     recorded_speed_rule,
     recorded_tolerance,
     speed_after_cycles,
-    unrestored_drafter,
 )
 from specwake.weights import ROLES
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from specwake.protocol import DiscardAnswer, Discarded
 from specwake.worker.tensors import Entry, inventory, storage_key
 
 FILLS = ("zero", "nan", "random")
@@ -72,15 +73,15 @@ def packed_state(model: torch.nn.Module | None) -> tuple[int, int]:
     return len(present), sum(1 for fn in present if getattr(fn, PACKED_MARK, False))
 
 
-def _counts(entries: list[Entry], filled: set[int], packed: int) -> dict[str, int]:
-    """What one model lost and kept: {"parameter": n, "attribute": n, "packed": n, "buffer_kept": n}."""
+def _counts(entries: list[Entry], filled: set[int], packed: int) -> Discarded:
+    """What one model lost and kept."""
     gone = [e for e in entries if id(e) in filled]
-    return {
-        "parameter": sum(1 for e in gone if e.kind == "parameter"),
-        "attribute": sum(1 for e in gone if e.kind == "attribute"),
-        "packed": packed,
-        "buffer_kept": sum(1 for e in entries if e.kind == "buffer"),
-    }
+    return Discarded(
+        parameter=sum(1 for e in gone if e.kind == "parameter"),
+        attribute=sum(1 for e in gone if e.kind == "attribute"),
+        packed=packed,
+        buffer_kept=sum(1 for e in entries if e.kind == "buffer"),
+    )
 
 
 @torch.no_grad()
@@ -106,11 +107,10 @@ def emulate_discard(models: dict[str, torch.nn.Module | None], fill: str) -> dic
         done.add(view)
         fill_discarded(entry.tensor, fill, generator)
         elements += entry.tensor.numel()
-    answer: dict[str, Any] = {"fill": fill, "filled_elements": elements}
-    answer["draft_present"] = models.get("draft") is not None
+    lost = {}
     for role, model in models.items():
         if model is None:
             continue
         packed = sum(discard_packed(module, fill, generator) for module in model.modules())
-        answer[role] = _counts(entries[role], filled, packed)
-    return answer
+        lost[role] = _counts(entries[role], filled, packed)
+    return DiscardAnswer(fill, elements, models.get("draft") is not None, lost).to_dict()

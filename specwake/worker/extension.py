@@ -6,11 +6,12 @@ is plain JSON (no NaN, no torch types).
 
 from __future__ import annotations
 
-import json
+from dataclasses import asdict
 from typing import Any
 
 import torch
 
+from specwake.protocol import Memory, PushAnswer, PushRequest
 from specwake.worker import push
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
@@ -87,9 +88,9 @@ class SpecwakeWorkerExtension:
         """Free/total accelerator memory of this rank in bytes; None on CPU (no device memory to report)."""
         device = torch.cuda.current_device() if torch.cuda.is_available() else None
         if device is None:
-            return {"device": "cpu", "free_bytes": None, "total_bytes": None}
+            return asdict(Memory("cpu"))
         free, total = torch.cuda.mem_get_info(device)
-        return {"device": f"cuda:{device}", "free_bytes": int(free), "total_bytes": int(total)}
+        return asdict(Memory(f"cuda:{device}", int(free), int(total)))
 
     def specwake_push(self, request: str = "{}") -> dict[str, Any]:
         """Wake with new weights the way RL frameworks do (verl's update_weights_from_ipc): tensors pushed into the
@@ -98,16 +99,15 @@ class SpecwakeWorkerExtension:
         goes first, the target last, so modules they share end up with the target's tensors. The answer's
         `unmatched` lists `scale` names that named no pushed tensor: the scenario's mistake, for the caller to
         report (the push itself went through unscaled for them)."""
-        spec = json.loads(request)
-        to, scale = list(spec.get("to") or ["target"]), dict(spec.get("scale") or {})
+        spec = PushRequest.from_json(request)
         runner = self._specwake_runner()
         seen: list[str] = []
         done = {}
-        if "draft" in to:
-            done["draft"] = push.push_draft(runner, scale, seen)
-        if "target" in to:
-            done["target"] = push.push_target(runner, scale, seen)
-        return {"pushed": done, "scaled": sorted(set(seen)), "unmatched": sorted(set(scale) - set(seen))}
+        if "draft" in spec.to:
+            done["draft"] = push.push_draft(runner, spec.scale, seen)
+        if "target" in spec.to:
+            done["target"] = push.push_target(runner, spec.scale, seen)
+        return asdict(PushAnswer(done, sorted(set(seen)), sorted(set(spec.scale) - set(seen))))
 
     def specwake_emulate_discard(self, fill: str = "zero") -> dict[str, Any]:
         """Discard everything of target and drafter that a real L2 sleep discards (specwake.worker.discard)."""

@@ -17,12 +17,13 @@ outside the pool and outside any CUDA graph, recreated by every `process_weights
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-KINDS = ("parameter", "buffer", "attribute")
+from specwake.protocol import KINDS, Fingerprint
+
 KV_CACHE_ATTRIBUTE = "kv_cache"
 HOST_SIDE_ATTRIBUTES = frozenset({"_k_scale_cpu", "_v_scale_cpu"})
 CHUNK = 1 << 22  # elements converted to float64 at a time: a checksum never needs much extra memory
@@ -138,7 +139,7 @@ def fingerprint(
     tensors whose checksum differs and those now at another address (moved). `packed`: (modules computing from a
     packed CPU copy, those whose copy is still discarded)."""
     if model is None:
-        return {"present": False}
+        return Fingerprint(present=False).to_dict()
     exclude = exclude or set()
     counts = dict.fromkeys(("tensors", "numel", "all_zero", "on_meta", "empty", "shared_with_target", "nonfinite"), 0)
     kinds = dict.fromkeys(KINDS, 0)
@@ -175,22 +176,28 @@ def fingerprint(
                 differ.append(entry.name)
             if tensor.data_ptr() != then_address:
                 moved.append(entry.name)
-    summary: dict[str, Any] = {
-        "present": True,
-        "class": type(model).__name__,
-        **counts,
-        "kinds": kinds,
-        "unread": unread,
-        "host_side": host_side_count(model),
-        "packed": packed[0],
-        "packed_discarded": packed[1],
-        "abs_sum": total,
-    }
+    found = Fingerprint(
+        model_class=type(model).__name__,
+        tensors=counts["tensors"],
+        numel=counts["numel"],
+        all_zero=counts["all_zero"],
+        on_meta=counts["on_meta"],
+        empty=counts["empty"],
+        shared_with_target=counts["shared_with_target"],
+        nonfinite=counts["nonfinite"],
+        kinds=kinds,
+        unread=unread,
+        host_side=host_side_count(model),
+        packed=packed[0],
+        packed_discarded=packed[1],
+        abs_sum=total,
+    )
     if reference is not None:
         gone = sorted(set(reference) - resident)  # resident at fresh, now gone, on meta or emptied
         differ += gone
         moved += gone
-        summary.update(
+        found = replace(
+            found,
             compared=compared + len(gone),
             differ=len(differ),
             differ_names=differ[:NAMES_SHOWN],
@@ -199,7 +206,7 @@ def fingerprint(
             moved_names=moved[:NAMES_SHOWN],
             moved_by_kind=_by_kind(moved, kind_of),
         )
-    return summary
+    return found.to_dict()
 
 
 def data_ptrs(model: torch.nn.Module | None) -> set[int]:

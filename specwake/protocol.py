@@ -1,0 +1,227 @@
+"""The sleep/wake protocol between specwake and its worker extension, in one place and shared by both sides (the CLI
+process and vLLM's workers): the worker methods specwake calls, one table of cycle steps, and the typed requests and
+answers that travel through POST /collective_rpc. Imports nothing from specwake.
+
+To add a cycle step, add one row to STEPS: the cycle (specwake.cycle), the probe points (specwake.diagnose), what
+counts as a restore (specwake.weights) and as the wake (the `max_wake_s` limit, the report's ledger) follow from it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+# -- worker methods (specwake.worker.extension), and vLLM's own reload ------------------------------------------------
+INFO = "specwake_info"
+FINGERPRINT = "specwake_fingerprint"
+MEMORY = "specwake_memory"
+DISCARD = "specwake_emulate_discard"
+PUSH = "specwake_push"
+RELOAD = "reload_weights"
+FRESH = "fresh"  # the name the workers keep the fresh fingerprints under
+ROLES = ("target", "draft")
+KINDS = ("parameter", "buffer", "attribute")  # every tensor a model holds, by what an L2 sleep does with it
+
+
+# -- cycle steps -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepKind:
+    """One kind of cycle step: its call, and what may be read or judged after it."""
+
+    name: str
+    method: str  # HTTP method
+    path: str
+    rpc: str | None = None  # worker method, for POST /collective_rpc
+    wakes: bool = False  # part of the wake: its seconds count towards the cycle's wake time
+    restores: bool = False  # weights must be back as fresh after it: target (and drafter) are judged there
+    fingerprints: bool = False  # weights are resident after it: fingerprints may be read (never mid-sleep)
+    memory: bool = False  # device memory is read after it
+
+    @property
+    def point(self) -> str:
+        """The probe point right after this step, e.g. `after reload_weights`."""
+        return f"after {self.name}"
+
+
+SLEEP = StepKind("sleep", "POST", "/sleep", memory=True)
+DISCARD_STEP = StepKind("discard", "POST", "/collective_rpc", rpc=DISCARD, fingerprints=True)
+WAKE_WEIGHTS = StepKind("wake_weights", "POST", "/wake_up", wakes=True, memory=True)
+RELOAD_STEP = StepKind(RELOAD, "POST", "/collective_rpc", rpc=RELOAD, wakes=True, restores=True, fingerprints=True,
+                       memory=True)  # fmt: skip
+PUSH_STEP = StepKind("push", "POST", "/collective_rpc", rpc=PUSH, wakes=True, restores=True, fingerprints=True,
+                     memory=True)  # fmt: skip
+WAKE_KV_CACHE = StepKind("wake_kv_cache", "POST", "/wake_up", wakes=True, memory=True)
+WAKE_UP = StepKind("wake_up", "POST", "/wake_up", wakes=True)  # level 1: everything at once
+RESET_PREFIX_CACHE = StepKind("reset_prefix_cache", "POST", "/reset_prefix_cache")
+
+STEPS = (SLEEP, DISCARD_STEP, WAKE_WEIGHTS, RELOAD_STEP, PUSH_STEP, WAKE_KV_CACHE, WAKE_UP, RESET_PREFIX_CACHE)
+STEP_BY_NAME = {step.name: step for step in STEPS}
+
+FRESH_POINT = "after fresh"  # after the fresh stage: the fingerprints kept to compare with
+BEFORE_SLEEP = "before sleep"
+FINGERPRINT_POINTS = frozenset({FRESH_POINT, *(s.point for s in STEPS if s.fingerprints)})
+MEMORY_POINTS = frozenset({BEFORE_SLEEP, *(s.point for s in STEPS if s.memory)})
+RESTORE_POINTS = tuple(s.point for s in STEPS if s.restores)
+WAKE_STEPS = tuple(s.name for s in STEPS if s.wakes)
+AWAKE_POINT = WAKE_KV_CACHE.point  # the last point of an L2 wake where memory is read
+
+
+# -- requests and answers ----------------------------------------------------------------------------------------------
+
+
+def _known(cls: type, data: Any) -> dict[str, Any]:
+    """The keys of `data` that are fields of `cls` (answers of older or newer specwakes read alike)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names} if isinstance(data, dict) else {}
+
+
+@dataclass(frozen=True)
+class PushRequest:
+    """A weight push: which models get their checkpoint's tensors, and tensor name → factor to scale on the way."""
+
+    to: tuple[str, ...] = ("target",)
+    scale: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """As /collective_rpc carries it (a string argument)."""
+        return json.dumps({"to": list(self.to), "scale": dict(self.scale)}, sort_keys=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"to": list(self.to), "scale": dict(self.scale)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PushRequest:
+        data = data if isinstance(data, dict) else {}
+        return cls(tuple(data.get("to") or ("target",)), dict(data.get("scale") or {}))
+
+    @classmethod
+    def from_json(cls, text: str) -> PushRequest:
+        return cls.from_dict(json.loads(text or "{}"))
+
+
+@dataclass(frozen=True)
+class PushAnswer:
+    """What each worker pushed, the names it scaled, and `scale` names no pushed tensor matched."""
+
+    pushed: dict[str, str] = field(default_factory=dict)
+    scaled: list[str] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PushAnswer:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class Discarded:
+    """What an emulated discard took from one model: tensors whose memory it overwrote, by kind, packed CPU weights
+    it made answer as discarded, and the buffers it kept (vLLM saves them across an L2 sleep)."""
+
+    parameter: int = 0
+    attribute: int = 0
+    packed: int = 0
+    buffer_kept: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Discarded:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class DiscardAnswer:
+    """One worker's answer to the emulated discard."""
+
+    fill: str
+    filled_elements: int
+    draft_present: bool
+    models: dict[str, Discarded]  # role → what it lost (roles without a model are absent)
+
+    def to_dict(self) -> dict[str, Any]:
+        answer: dict[str, Any] = {"fill": self.fill, "filled_elements": self.filled_elements}
+        answer["draft_present"] = self.draft_present
+        return answer | {role: asdict(counts) for role, counts in self.models.items()}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> DiscardAnswer | None:
+        """None for an answer that counts nothing by model (an older specwake's)."""
+        if not isinstance(data, dict) or not any(isinstance(data.get(role), dict) for role in ROLES):
+            return None
+        models = {role: Discarded.from_dict(data[role]) for role in ROLES if isinstance(data.get(role), dict)}
+        elements, draft = int(data.get("filled_elements") or 0), bool(data.get("draft_present"))
+        return cls(str(data.get("fill")), elements, draft, models)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """One model's fingerprint on one rank (see specwake.worker.tensors). The counts from `tensors` to `nonfinite`
+    are over parameters; `kinds` counts every judged tensor; the comparison fields are None at `after fresh`, where
+    the fingerprint is kept instead, and in results of a specwake that compared nothing."""
+
+    present: bool = True
+    model_class: str | None = None  # "class" in JSON
+    tensors: int = 0
+    numel: int = 0
+    all_zero: int = 0
+    on_meta: int = 0
+    empty: int = 0
+    shared_with_target: int = 0
+    nonfinite: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+    unread: int = 0
+    host_side: int = 0
+    packed: int = 0
+    packed_discarded: int = 0
+    abs_sum: float = 0.0
+    compared: int | None = None
+    differ: int | None = None
+    differ_names: list[str] = field(default_factory=list)
+    differ_by_kind: dict[str, int] = field(default_factory=dict)
+    moved: int | None = None
+    moved_names: list[str] = field(default_factory=list)
+    moved_by_kind: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def compares(self) -> bool:
+        return self.differ is not None
+
+    @property
+    def not_restored(self) -> int:
+        """Tensors not back as fresh: differing, on meta, or a packed copy still discarded (0 when not compared)."""
+        return (self.differ or 0) + self.on_meta + self.packed_discarded if self.compares else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.present:
+            return {"present": False}
+        data = asdict(self)
+        data["class"] = data.pop("model_class")
+        if not self.compares:
+            for key in ("compared", "differ", "differ_names", "differ_by_kind", "moved", "moved_names"):
+                data.pop(key)
+            data.pop("moved_by_kind")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Fingerprint | None:
+        """None when `data` is not a fingerprint at all; `present` False for a model the worker did not have."""
+        if not isinstance(data, dict):
+            return None
+        known = _known(cls, data)
+        known.pop("model_class", None)
+        return cls(model_class=data.get("class"), **known)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Free and total accelerator memory of one rank in bytes; None on CPU (no device memory to report)."""
+
+    device: str
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Memory:
+        known = _known(cls, data)
+        return cls(**({"device": "?"} | known))

@@ -1,0 +1,156 @@
+"""Why a variant got its outcome, in one human line with its numbers: the report's, JUnit's and the CLI's wording of
+the decisions specwake.verdict makes. Decides nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specwake.crashes import ERROR_CLASSES
+from specwake.expectations import COLLAPSE_AL
+from specwake.results import INCOMPLETE, StageResult, VariantResult
+from specwake.verdict import (
+    SLEEP_IGNORED,
+    at_least,
+    collapsed,
+    diverged,
+    fresh_stage,
+    judges_drafter,
+    post_stages,
+    recovery_bound,
+)
+from specwake.weights import Restore, weights_line, worst_restore
+
+
+def _al(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _al_chain(stages: Sequence[StageResult]) -> str:
+    fresh = fresh_stage(stages)
+    chain = [_al(fresh.acceptance_length) if fresh is not None else "–"]
+    chain += [_al(s.acceptance_length) for s in post_stages(stages)]
+    return "AL " + " → ".join(chain)
+
+
+def _first_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _why_collapse(stages: Sequence[StageResult], collapse_al: float) -> str:
+    stage = next((s for s in post_stages(stages) if collapsed(s, collapse_al)), None)
+    if stage is None:
+        return f"no post-cycle stage with drafts has AL ≤ {collapse_al:.2f}"
+    return (
+        f"{stage.name}: {stage.num_accepted_tokens}/{stage.num_draft_tokens} draft tokens "
+        f"accepted over {stage.num_drafts} drafts, AL ≤ {collapse_al:.2f}"
+    )
+
+
+def first_difference(fresh: str, now: str) -> int | None:
+    """Index of the first character where two completions differ (None when equal)."""
+    if fresh == now:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(fresh, now, strict=False)) if a != b), min(len(fresh), len(now)))
+
+
+def _why_corrupt(variant: VariantResult) -> str:
+    reasons = []
+    stage, fresh = diverged(variant.stages), fresh_stage(variant.stages)
+    if stage is not None and fresh is not None:
+        where = next(
+            (
+                (i, first_difference(a, b))
+                for i, (a, b) in enumerate(zip(fresh.outputs, stage.outputs, strict=False))
+                if a != b
+            ),
+            None,
+        )
+        text = f"{stage.name}: completions differ from fresh"
+        if where is not None:
+            i, at = where
+            now = stage.outputs[i][at or 0 :][:12]
+            was = fresh.outputs[i][at or 0 :][:12]
+            text += f" (request {i + 1}, from character {at}: {now!r} where fresh had {was!r})"
+        reasons.append(text)
+    line = weights_line(variant.diagnostics, "target")
+    if line is not None and "differ" in line and not line.startswith("target: 0/"):
+        reasons.append(line)
+    return "; ".join(reasons) or "target weights differ from fresh"
+
+
+def _why_measured(stages: Sequence[StageResult], tolerance: float, collapse_al: float) -> str:
+    """The reason for recover/degraded, read from the stages."""
+    fresh = fresh_stage(stages)
+    post = post_stages(stages)
+
+    if not stages or all(s.num_drafts == 0 for s in stages):
+        return "no drafts were made in any stage"
+    if fresh is None or fresh.acceptance_length is None:
+        return "no fresh acceptance length to compare with"
+    if not post:
+        return "no stage measured after a cycle"
+    bound = recovery_bound(fresh.acceptance_length, tolerance)
+    low = [s for s in post if s.acceptance_length is None or not at_least(s.acceptance_length, bound)]
+    if not low:
+        return f"every post-cycle AL ≥ {bound:.2f} = {1 - tolerance:.0%} of fresh"
+    worst = low[0]
+    if worst.acceptance_length is None:
+        return f"{worst.name}: no drafts were made"
+    return (
+        f"{worst.name}: AL {worst.acceptance_length:.2f} < {bound:.2f} "
+        f"({1 - tolerance:.0%} of fresh) but > {collapse_al:.2f}"
+    )
+
+
+def explain(variant: VariantResult, tolerance: float, *, collapse_al: float = COLLAPSE_AL) -> str:
+    """One human line: why the variant got its outcome, with the numbers."""
+    stages = variant.stages
+    if variant.outcome == "error":
+        if variant.crash_class is None:
+            return "nothing was measured, not even the fresh stage: nothing about sleep or wake was tested"
+        reason = _first_line(variant.error) or "no error text"
+        when = "" if variant.crash_class in ERROR_CLASSES else " before the fresh stage was measured"
+        return f"not measured ({variant.crash_class}{when}): {reason}"
+    if variant.outcome == "untested":
+        return (
+            f"{_al_chain(stages)}, but {SLEEP_IGNORED}: nothing was slept, discarded or woken, so the cycles tested"
+            " nothing"
+        )
+    if variant.outcome == "crash":
+        what = f"crashed ({variant.crash_class or 'unknown'})"
+        reason = _first_line(variant.error)
+        if reason:
+            what += f": {reason}"
+        measured = f"{_al_chain(stages)} before the crash" if stages else "no stage measured"
+        return f"{what}; {measured}"
+    if variant.outcome == INCOMPLETE:
+        return f"not finished; {_al_chain(stages)} so far" if stages else "no stage measured yet"
+    if variant.outcome == "collapse":
+        return f"{_al_chain(stages)} ({_why_collapse(stages, collapse_al)})"
+    if variant.outcome == "floor":
+        return "no speculation: the decode speed a collapsed drafter falls to"
+    if variant.outcome == "corrupt":
+        return f"the target was not restored: {_why_corrupt(variant)}; {_al_chain(stages)}"
+    if (variant.push or {}).get("scale"):
+        if diverged(stages) is None:
+            return f"{_al_chain(stages)} (the perturbed push left the output unchanged: the new weights did not arrive)"
+        why = _why_measured(stages, tolerance, collapse_al)
+        return f"{_al_chain(stages)} ({why}; the output changed, as the perturbed push intends)"
+    why = _why_measured(stages, tolerance, collapse_al)
+    unrestored = unrestored_drafter(variant)
+    if unrestored is not None:
+        why += (
+            f"; but the drafter was not restored: {unrestored.text()} after {unrestored.what} in cycle"
+            f" {unrestored.cycle}"
+        )
+    return f"{_al_chain(stages)} ({why})"
+
+
+def unrestored_drafter(variant: VariantResult) -> Restore | None:
+    """Why a `degraded` variant's drafter kept it from `recover`: its worst reload from the drafter's checkpoint, if
+    the drafter was judged there and did not match fresh."""
+    if variant.outcome != "degraded" or not judges_drafter(variant.push):
+        return None
+    return worst_restore(variant.diagnostics, "draft")

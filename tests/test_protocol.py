@@ -1,0 +1,56 @@
+"""Unit tests of specwake.protocol: the step table gives every derived set, and every typed answer reads what the
+worker writes and what older result files hold."""
+
+from __future__ import annotations
+
+from specwake import protocol
+from specwake.protocol import DiscardAnswer, Fingerprint, Memory, PushAnswer, PushRequest
+
+
+def test_the_step_table_gives_the_probe_points_the_restore_points_and_the_wake() -> None:
+    assert protocol.FINGERPRINT_POINTS == {"after fresh", "after discard", "after reload_weights", "after push"}
+    awake = {"after wake_weights", "after reload_weights", "after push", "after wake_kv_cache"}
+    assert protocol.MEMORY_POINTS == {"before sleep", "after sleep", *awake}
+    assert protocol.RESTORE_POINTS == ("after reload_weights", "after push")
+    assert protocol.WAKE_STEPS == ("wake_weights", "reload_weights", "push", "wake_kv_cache", "wake_up")
+    assert protocol.AWAKE_POINT == "after wake_kv_cache"
+    assert {s.name for s in protocol.STEPS if s.rpc} == {"discard", "reload_weights", "push"}
+
+
+def test_a_push_request_travels_as_json_and_back() -> None:
+    request = PushRequest(("target", "draft"), {"lm_head.weight": 2.0})
+    assert PushRequest.from_json(request.to_json()) == request
+    assert PushRequest.from_json("{}") == PushRequest()  # the default push: the target, unscaled
+    assert PushAnswer.from_dict({"pushed": {"target": "pushed"}, "scaled": [], "extra": 1}).unmatched == []
+
+
+def test_a_fingerprint_reads_back_what_it_wrote_and_old_results_too() -> None:
+    by_kind = {"parameter": 1, "attribute": 1}
+    compared = Fingerprint(
+        model_class="Draft", tensors=7, compared=9, differ=2, differ_names=["a", "b"], differ_by_kind=by_kind, moved=0,
+        packed=3, packed_discarded=1,
+    )  # fmt: skip
+    data = compared.to_dict()
+    assert data["class"] == "Draft" and "model_class" not in data
+    assert Fingerprint.from_dict(data) == compared and compared.not_restored == 3
+    fresh = Fingerprint(model_class="Draft", tensors=7).to_dict()
+    assert "differ" not in fresh and "moved" not in fresh
+    assert Fingerprint.from_dict(fresh) == Fingerprint(model_class="Draft", tensors=7)
+    old = Fingerprint.from_dict({"present": True, "class": "X", "tensors": 7, "all_zero": 5, "unknown_key": 1})
+    assert old is not None and not old.compares and old.not_restored == 0 and old.all_zero == 5
+    assert Fingerprint.from_dict({"present": False}) == Fingerprint(present=False)
+    assert Fingerprint(present=False).to_dict() == {"present": False}
+    assert Fingerprint.from_dict("garbage") is None
+
+
+def test_a_discard_answer_counts_by_model_and_older_answers_count_nothing() -> None:
+    answer = DiscardAnswer.from_dict({"fill": "zero", "filled_elements": 10, "draft_present": True,
+                                      "target": {"parameter": 3, "buffer_kept": 1}})  # fmt: skip
+    assert answer is not None and set(answer.models) == {"target"} and answer.models["target"].parameter == 3
+    assert DiscardAnswer.from_dict(answer.to_dict()) == answer
+    assert DiscardAnswer.from_dict({"filled_tensors": 10}) is None
+
+
+def test_memory_reads_cpu_and_gpu_answers() -> None:
+    assert Memory.from_dict({"device": "cpu", "free_bytes": None, "total_bytes": None}).free_bytes is None
+    assert Memory.from_dict({"device": "cuda:0", "free_bytes": 5, "total_bytes": 9}) == Memory("cuda:0", 5, 9)
