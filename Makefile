@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.specwake-installed
 
-.PHONY: install demo families test lint clean
+.PHONY: install demo families check test lint clean
 
 install: $(STAMP)
 
@@ -28,6 +28,11 @@ FAMILIES := $(filter-out scenarios/cpu/push-%,$(wildcard scenarios/cpu/*.toml))
 families: install
 	$(BIN)/specwake run $(FAMILIES)
 
+# The unit tier: in-process, no server, no subprocess; under a minute. Run it after every change.
+check: install
+	$(BIN)/python -m pytest tests/unit -q
+
+# Every tier: unit, component (fake engines and servers), e2e (real vLLM CPU servers). What CI runs.
 test: install
 	$(BIN)/python -m pytest
 

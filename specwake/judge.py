@@ -143,10 +143,11 @@ def judge_scenario(
     *,
     complete: bool,
     mode: str,
+    host: dict[str, Any],
     shard: str | None = None,
 ) -> ScenarioResult:
-    """The scenario result; a variant still running (outcome `incomplete`) takes no part in the verdict.
-    `shard`: "K/N" when this machine ran only its share of the jobs (specwake.shards)."""
+    """The scenario result; a variant still running (outcome `incomplete`) takes no part in the verdict. `host`: the
+    machine's host_info(); `shard`: "K/N" when this machine ran only its share of the jobs (specwake.shards)."""
     verdict = decide_verdict([(v.outcome, v.matched) for v in variants if v.outcome != INCOMPLETE])
     return ScenarioResult(
         scenario={
@@ -160,7 +161,7 @@ def judge_scenario(
         verdict=verdict,
         started_at=started_at,
         finished_at=now_iso() if complete else None,
-        host=host_info(),
+        host=host,
         variants=list(variants),
         specwake_version=__version__,
         complete=complete,

@@ -13,7 +13,7 @@ from pathlib import Path
 from specwake.errors import Interrupted
 from specwake.events import Event, Events
 from specwake.gate import AnyTime, Turns
-from specwake.judge import judge_scenario, now_iso
+from specwake.judge import host_info, judge_scenario, now_iso
 from specwake.prepare import PreparedVariant
 from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
@@ -40,6 +40,7 @@ class Recorder:
         self.scenario, self.run_dir, self.runs, self.mode, self.shard = scenario, run_dir, runs, mode, shard
         self.kept = list(kept)  # complete results carried over from an earlier, interrupted run (--resume)
         self.started_at = started_at or now_iso()
+        self.host = host_info()  # read once: platform.platform() asks `uname`
         self._lock = threading.Lock()
 
     def result(self, complete: bool = False) -> ScenarioResult:
@@ -48,7 +49,13 @@ class Recorder:
         order = [v.name for v in self.scenario.variants]
         variants = sorted(merged.values(), key=lambda v: order.index(v.name) if v.name in order else len(order))
         return judge_scenario(
-            self.scenario, variants, self.started_at, complete=complete, mode=self.mode, shard=self.shard
+            self.scenario,
+            variants,
+            self.started_at,
+            complete=complete,
+            mode=self.mode,
+            host=self.host,
+            shard=self.shard,
         )
 
     def add(self, run: VariantRun) -> None:

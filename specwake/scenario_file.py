@@ -1,7 +1,7 @@
 """The scenario file's format: every TOML key, its type, default and check, as strict pydantic models.
 
 This is the one definition of what a scenario may say (docs/scenario-format.md documents it key by key, and
-tests/test_docs.py checks that it does). specwake.scenario reads a file with these models and resolves it.
+tests/unit/test_docs.py checks that it does). specwake.scenario reads a file with these models and resolves it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ alarm). "lost" needs two tests to reject "no loss" at ALPHA (one-sided):
    in 13 ran ~25 % slow), and a single fresh stage is never enough to call a small loss.
 
 "kept" is the mirrored test 1 (post-cycle requests above min_ratio × fresh) rejecting at ALPHA; anything else
-is "inconclusive". tests/test_speed_rule.py measures the false-alarm rate and the power of this rule by
+is "inconclusive". tests/unit/test_speed_rule.py measures the false-alarm rate and the power of this rule by
 simulation from request speeds recorded on a shared 2-core machine (tests/data/tok-s-2core.json).
 """
 

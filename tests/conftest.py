@@ -1,9 +1,14 @@
-"""Shared pytest fixtures for specwake's tests.
+"""Shared pytest fixtures for specwake's tests, and the tiers.
+
+Tiers, by folder: tests/unit/ (in-process: no subprocess may start, tests/unit/conftest.py enforces it),
+tests/component/ (the real CLI and code against a fake engine or fake server) and tests/e2e/ (real vLLM). Every test
+gets its folder's marker (`-m unit`, ...); a test module outside the three folders is an error. Shared helpers live in
+tests/helpers/.
 
 Sections: process-leak check (servers started through specwake.server must leave nothing); the fake engine
-(tests/fakeengine.py) of the CLI-level modules. The /proc scans, `assert_no_leftover_processes` and the
-real-engine gate themselves live in tests/procs.py, shared with the end-to-end modules: import helpers from
-there (or tests/fakeengine.py, tests/builders.py), never from this file.
+(tests/helpers/fakeengine.py) of the CLI-level modules. The /proc scans, `assert_no_leftover_processes` and the
+real-engine gate themselves live in tests/helpers/procs.py, shared with the end-to-end modules: import helpers from
+there (or tests/helpers/fakeengine.py, tests/helpers/builders.py), never from this file.
 """
 
 from __future__ import annotations
@@ -14,8 +19,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakeengine import FakeEngine, kill_survivors, make_fake_engine
-from tests.procs import assert_no_leftover_processes
+from tests.helpers.fakeengine import FakeEngine, kill_survivors, make_fake_engine
+from tests.helpers.procs import assert_no_leftover_processes
+
+TIERS = ("unit", "component", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its tier, from its folder."""
+    for item in items:
+        tier = item.path.parent.name
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.path}: a test module belongs in tests/unit, tests/component or tests/e2e")
+        item.add_marker(getattr(pytest.mark, tier))
+
 
 # Several tests press Ctrl-C on a specwake subprocess (SIGINT) and expect exit 130. A shell starts a background job
 # (`make test &`, a CI step run with `&`) with SIGINT ignored, children inherit an ignored signal across exec, and
@@ -27,7 +44,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # --------------------------------------------------------------------------------------------
 # Process-leak check
 #
-# Independent of specwake.server on purpose: it reads /proc itself (tests/procs.py), so a bug in the
+# Independent of specwake.server on purpose: it reads /proc itself (tests/helpers/procs.py), so a bug in the
 # code under test cannot hide its own leak. Use `pytestmark = pytest.mark.usefixtures("leak_check")` in a
 # test module, or call `tests.procs.assert_no_leftover_processes(pgids)` directly.
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,58 @@
+"""End to end on real vLLM CPU: the RL trainers' weight push (scenarios/cpu/push-*.toml), stock vLLM, one server per
+variant. A push to the target only leaves the drafter discarded (collapse); a push to target and drafter recovers;
+a perturbed push changes the output while AL stays. Outputs and logprobs are compared with fresh in every stage.
+Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helpers.procs import require_module, run_scenario_cli
+
+require_module("vllm")
+
+SCENARIOS = ["scenarios/cpu/push-draft-model.toml", "scenarios/cpu/push-mimo-mtp.toml"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_scenario_cli(SCENARIOS, tmp_path_factory.mktemp("push"), timeout=2400)
+
+
+def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
+    return next(v for v in run["results"][scenario]["variants"] if v["name"] == name)
+
+
+def test_every_push_meets_its_expectation(run: dict[str, Any]) -> None:
+    proc = run["proc"]
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    assert run["leftovers"] == []
+    assert all(v["matched"] for r in run["results"].values() for v in r["variants"])
+
+
+@pytest.mark.parametrize("scenario", ["cpu-push-draft-model", "cpu-push-mimo-mtp"])
+def test_a_target_only_push_collapses_and_a_full_push_recovers(run: dict[str, Any], scenario: str) -> None:
+    only, both = variant(run, scenario, "target-only"), variant(run, scenario, "target-and-draft")
+    assert only["outcome"] == "collapse" and only["push"] == {"to": ["target"], "scale": {}}
+    assert both["outcome"] == "recover" and both["push"]["to"] == ["target", "draft"]
+    for v in (only, both):  # the target got its tensors back either way: same tokens, same logprobs
+        for stage in v["stages"][1:]:
+            assert stage["outputs_match_fresh"] is True and stage["first_difference"] is None
+            assert stage["max_logprob_drift"] is not None and stage["max_logprob_drift"] < 1e-3
+        pushes = [s for s in v["steps"] if s["name"] == "push"]
+        assert len(pushes) == 2 and all(s["ok"] for s in pushes)
+
+
+def test_a_perturbed_push_changes_the_output_and_keeps_al(run: dict[str, Any]) -> None:
+    perturbed = variant(run, "cpu-push-draft-model", "perturbed")
+    assert perturbed["outcome"] == "recover"
+    after = perturbed["stages"][1:]
+    assert all(s["outputs_match_fresh"] is False and s["first_difference"] for s in after)
+    assert all(s["acceptance_length"] == 4.0 for s in after)  # the drafter follows the new weights
+    push = next(s for s in perturbed["steps"] if s["name"] == "push")
+    assert push["response"]["results"][0]["scaled"] == ["model.layers.1.mlp.down_proj.weight"]
+    report = (run["dir"] / "cpu-push-draft-model" / "report.md").read_text()
+    assert "the output changed, as the perturbed push intends" in report

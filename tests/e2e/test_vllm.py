@@ -1,0 +1,84 @@
+"""End to end on real vLLM CPU: `specwake run scenarios/tiny-cpu.toml` through the CLI, once per module.
+
+Stock vLLM must collapse after each emulated L2 cycle and the reference patch must recover. Skips only
+when vLLM is not installed and SPECWAKE_REQUIRE_VLLM is unset; in CI it is set, so a missing vLLM fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from tests.helpers.procs import require_module, run_scenario_cli, variant_of
+
+require_module("vllm")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("results")
+    return run_scenario_cli("scenarios/tiny-cpu.toml", out, timeout=1500)
+
+
+variant = variant_of
+
+
+def test_exit_zero_and_verdict_pass(run: dict[str, Any]) -> None:
+    proc = run["proc"]
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
+    assert run["result"]["verdict"] == "pass"
+    assert run["result"]["schema"] == "specwake.result/1" and run["result"]["complete"] is True
+
+
+def test_no_server_process_left(run: dict[str, Any]) -> None:
+    assert run["leftovers"] == []
+
+
+def test_baseline_collapses(run: dict[str, Any]) -> None:
+    base = variant(run, "baseline")
+    assert base["outcome"] == "collapse" and base["l2_discard"] == "emulated" and base["platform"] == "cpu"
+    fresh, *after = base["stages"]
+    assert fresh["name"] == "fresh" and fresh["acceptance_length"] >= 3.9
+    assert [s["name"] for s in after] == ["after L2 #1", "after L2 #2"]
+    assert all(s["num_drafts"] > 0 and s["acceptance_length"] <= 1.05 for s in after)
+    assert all(s["outputs_match_fresh"] is True for s in after)
+
+
+def test_patched_recovers_from_the_overlay(run: dict[str, Any]) -> None:
+    patched = variant(run, "patched")
+    assert patched["outcome"] == "recover"
+    assert all(s["acceptance_length"] >= 3.9 for s in patched["stages"])
+    assert all(s["outputs_match_fresh"] is True for s in patched["stages"][1:])
+    assert patched["overlay"] and patched["vllm_file"].startswith(patched["overlay"] + "/")
+    assert len(patched["patch_sha256"]) == 64
+    base = variant(run, "baseline")
+    assert base["overlay"] is None and "/overlays/" not in base["vllm_file"]
+
+
+def test_cycle_steps_timed_with_status(run: dict[str, Any]) -> None:
+    steps = variant(run, "baseline")["steps"]
+    names = [
+        "sleep",
+        "discard",
+        "wake_weights",
+        "reload_weights",
+        "wake_kv_cache",
+        "reset_prefix_cache",
+    ]
+    assert [s["name"] for s in steps] == names * 2
+    assert all(s["ok"] and s["status"] == 200 and s["seconds"] >= 0 for s in steps)
+
+
+def test_files_and_report(run: dict[str, Any]) -> None:
+    folder: Path = run["dir"]
+    assert folder.name.endswith("-tiny-cpu")
+    for name in ("result.json", "report.md", "stages.csv", "logs/baseline.log", "logs/patched.log"):
+        assert (folder / name).is_file(), name
+    csv = pd.read_csv(folder / "stages.csv")
+    assert len(csv) == 6
+    report = (folder / "report.md").read_text()
+    assert report in run["proc"].stdout  # the same Markdown is printed
+    assert "emulated" in report and "collapse" in report and "recover" in report

@@ -1,0 +1,74 @@
+"""An in-memory stand-in for vLLM's HTTP surface, served through httpx.MockTransport.
+
+Its counters, completions (streamed, with logprobs and usage) and prefix cache come from tests/helpers/vllm_model.py,
+the model the fake HTTP server uses too, so the two doubles cannot drift apart. It is a test double for the *server*,
+never for the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import httpx
+
+from tests.helpers.vllm_model import DONE, ServerModel, chunk_event, usage
+
+
+@dataclass
+class MockVllm:
+    k: int = 3
+    reload_restores_draft: bool = False  # the patched behaviour
+    fail: dict[str, int] = field(default_factory=dict)  # path or rpc method -> HTTP status to answer
+    prefix_reset_fails: bool = False  # /reset_prefix_cache answers 200 {"success": false}, as vLLM does
+    stale_prefix_cache: bool = False  # /reset_prefix_cache says success but keeps the hashes
+    hang: set[str] = field(default_factory=set)  # paths/methods that time out
+    lag_metrics: int = 0  # answer this many /metrics scrapes with stale counters
+    calls: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.model = ServerModel(model="m", k=self.k, al_fresh=self.k + 1.0, stale_prefix_cache=self.stale_prefix_cache)
+        self._stale: str | None = None
+
+    def stream(self, body: dict) -> httpx.Response:
+        prompt, max_tokens = str(body["prompt"]), int(body["max_tokens"])
+        steps, cached = self.model.complete(prompt, max_tokens)
+        events = [chunk_event("m", "cmpl-mock", step) for step in steps]
+        events += [chunk_event("m", "cmpl-mock", None, usage(prompt, max_tokens, cached)), DONE]
+        return httpx.Response(200, content=b"".join(events), headers={"content-type": "text/event-stream"})
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        body = json.loads(request.content) if request.content else {}
+        key = body.get("method", path) if path == "/collective_rpc" else path
+        self.calls.append(f"{path}?{request.url.query.decode()}" if request.url.query else key)
+        if key in self.hang:
+            raise httpx.ReadTimeout("timed out", request=request)
+        if key in self.fail:
+            return httpx.Response(self.fail[key], json={"error": {"message": f"{key} failed on purpose"}})
+        if path == "/metrics":
+            text = self.model.metrics_text()
+            if self.lag_metrics > 0 and self._stale is not None:
+                self.lag_metrics -= 1
+                text = self._stale
+            self._stale = text
+            return httpx.Response(200, text=text)
+        if path == "/v1/completions":
+            return self.stream(body)
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        if key == "specwake_emulate_discard":
+            self.model.discard()
+            return httpx.Response(200, json={"results": [{"filled_elements": 10}]})
+        if key == "reload_weights":
+            self.model.reload(draft_too=self.reload_restores_draft)
+            return httpx.Response(200)
+        if path == "/reset_prefix_cache":
+            success = self.model.reset_prefix_cache() and not self.prefix_reset_fails
+            return httpx.Response(200, json={"success": success})
+        if path in ("/sleep", "/wake_up", "/health", "/collective_rpc"):
+            return httpx.Response(200, json={"results": [None]} if path == "/collective_rpc" else None)
+        return httpx.Response(404, text="not found")
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url="http://127.0.0.1:9", transport=httpx.MockTransport(self.handler))

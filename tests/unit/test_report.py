@@ -1,0 +1,353 @@
+"""Tests of specwake.report: golden Markdown, stages frame / CSV, run files round trip, load errors.
+
+The golden file is regenerated with SPECWAKE_UPDATE_GOLDEN=1 (then review its diff by eye).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from specwake.errors import InputError, ResultsUnwritable
+from specwake.report import (
+    STAGE_COLUMNS,
+    provenance_line,
+    render_csv,
+    render_json,
+    render_markdown,
+    run_files,
+    stages_frame,
+)
+from specwake.report.summary import EMULATED_NOTE, RESET_NOTE
+from specwake.results import SCHEMA, StepResult, VariantResult, from_dict
+from specwake.runfolder import load_result, write_files
+from specwake.stats import ratio
+from tests.helpers.builders import (
+    PATCH_SHA,
+    SAMPLE,
+    SCENARIO_SHA,
+    graphed_gpu,
+    measured_stage,
+    reported_variant,
+    scenario,
+    tiny_cpu,
+)
+from tests.helpers.paths import DATA
+
+GOLDEN = DATA / "golden-report.md"
+# ------------------------------------------------------------ Markdown
+
+
+def _normalised(text: str) -> str:
+    return re.sub(r"started \S+?(?=</sub>)", "started <time>", text)
+
+
+def _table_rows(text: str, variant: str) -> list[list[str]]:
+    rows = [line for line in text.splitlines() if line.startswith(f"| {variant} ")]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip("|"))] for row in rows]
+
+
+def test_markdown_matches_golden_file() -> None:
+    text = _normalised(render_markdown([tiny_cpu(), graphed_gpu()]))
+    if os.environ.get("SPECWAKE_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(text, encoding="utf-8")
+    assert text == GOLDEN.read_text(encoding="utf-8")
+
+
+def test_banner_counts_variants_and_names_the_failures() -> None:
+    assert render_markdown([tiny_cpu()]).splitlines()[0] == (
+        "## specwake: ✅ PASS — 1 scenario, 2/2 variants as expected"
+    )
+    result = tiny_cpu()
+    wrong = replace(result.variants[1], outcome="collapse", matched=False)
+    failing = replace(result, verdict="fail", variants=[result.variants[0], wrong])
+    banner = render_markdown([failing, graphed_gpu()]).splitlines()[0]
+    assert banner.startswith("## specwake: ❌ FAIL — 2 scenarios, 2/4 variants as expected — ")
+    assert "tiny-cpu/patched collapse, expected recover" in banner
+    assert "eagle3-graphed/patched|v2 not measured (startup_failed)" in banner
+    assert render_markdown([graphed_gpu()]).startswith("## specwake: ⚠️ ERROR — 1 scenario, 1/2 variants")
+    assert render_markdown([]).startswith("## specwake: ⚠️ ERROR — 0 scenarios, 0/0 variants as expected")
+
+
+def test_stage_table_numbers_match_an_independent_computation() -> None:
+    result = tiny_cpu()
+    text = render_markdown([result])
+    for variant in result.variants:
+        rows = _table_rows(text, variant.name)
+        assert [r[1] for r in rows] == [s.name for s in variant.stages]
+        fresh = variant.stages[0]
+        for row, stage in zip(rows, variant.stages, strict=True):
+            samples = sorted(stage.tok_s)  # n=3 < 6: the interval is the full range
+            assert row[2] == f"{stage.acceptance_length:.2f}"
+            assert row[3] == str(stage.num_drafts)
+            assert row[4] == f"{stage.num_accepted_tokens}/{stage.num_draft_tokens}"
+            assert row[5] == f"{statistics.median(samples):.1f} [{samples[0]:.1f}, {samples[-1]:.1f}]"
+            assert row[7] == "–" and row[8] == "–"  # the fixture records no TPOT / TTFT (results before them)
+            if stage.cycle == 0:
+                assert row[6] == "–" and row[9] == "–"
+            else:
+                r = ratio(stage.tok_s, fresh.tok_s)
+                value = statistics.median(stage.tok_s) / statistics.median(fresh.tok_s)
+                assert row[6] == f"{value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
+                assert r.ci_low <= value <= r.ci_high
+                assert row[9] == "yes"
+
+
+def test_stage_table_has_stable_widths_and_stage_order() -> None:
+    result = tiny_cpu()
+    baseline = result.variants[0]
+    faster = [replace(s, tok_s=[x * 15 for x in s.tok_s]) for s in baseline.stages]  # 41 → 617 tok/s
+    shuffled = replace(baseline, stages=list(reversed(faster)))
+    other = replace(result, variants=[shuffled, result.variants[1]])
+    lines_a = [line for line in render_markdown([result]).splitlines() if line.startswith("| ")]
+    lines_b = [line for line in render_markdown([other]).splitlines() if line.startswith("| ")]
+    table_a, table_b = lines_a[: 2 + 6], lines_b[: 2 + 6]
+    assert [len(line) for line in table_a] == [len(line) for line in table_b]
+    assert [r[1] for r in _table_rows("\n".join(table_b), "baseline")] == ["fresh", "after L2 #1", "after L2 #2"]
+
+
+def _speed_variant(fresh: list[float], after: list[float]) -> VariantResult:
+    stages = [measured_stage(0, 64, 192, fresh, None), measured_stage(1, 64, 192, after, True)]
+    return reported_variant("v", "recover", "recover", stages)
+
+
+def test_speed_line_says_the_pooled_call_and_whether_it_counts() -> None:
+    fresh = [100.0, 101.0, 99.0, 100.5, 100.2]
+    halved = [measured_stage(c, 64, 192, [x / 2 for x in fresh], True) for c in (1, 2)]
+    lost = reported_variant("v", "degraded", "recover", [measured_stage(0, 64, 192, fresh, None), *halved])
+    explicit = scenario("s", "fail", [lost])
+    text = render_markdown([explicit])
+    assert "tok/s after the cycles: 0.50× fresh (5 vs 10 requests): **lost** — below 0.90× fresh" in text
+    assert "counts: set by the scenario (expect.min_speedup_recovery), threshold 0.90× fresh" in text
+    unset = replace(explicit, scenario={**explicit.scenario, "settings": {"expect": {"tolerance": 0.05}}})
+    assert "advisory: the L2 discard is emulated (CPU)" in render_markdown([unset])
+
+
+def test_variant_lines_carry_outcome_explanation_and_speed_call() -> None:
+    text = render_markdown([tiny_cpu()])
+    assert "- **baseline**: collapse (expected collapse) ✓ — AL 4.00 → 1.00 → 1.00 (after L2 #1: " in text
+    assert "× fresh (3 vs 6 requests): **inconclusive** — too few requests for a 1% test" in text
+    assert "- **patched**: recover (expected recover) ✓ — AL 4.00 → 4.00 → 3.92" in text
+    assert "(3 fresh need ≥ 7 post-cycle); counts: set by the scenario" in text
+    assert EMULATED_NOTE.format(fill="zeros") in text
+
+
+def test_patched_over_baseline_ratio_line() -> None:
+    result = tiny_cpu()
+    base, patched = result.variants
+    top = [x for s in patched.stages[1:] for x in s.tok_s]
+    bottom = [x for s in base.stages[1:] for x in s.tok_s]
+    r = ratio(top, bottom)
+    value = statistics.median(top) / statistics.median(bottom)
+    line = f"- patched / baseline tok/s after the cycles: {value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
+    assert line + " (median over all post-cycle requests, n=6 vs 6)" in render_markdown([result])
+    assert "patched / baseline" not in render_markdown([graphed_gpu()])  # no post-cycle stages to compare
+
+
+def test_details_per_variant_with_positions_steps_diagnostics_and_command() -> None:
+    result = tiny_cpu()
+    text = render_markdown([result])
+    assert text.count("<details>") == text.count("</details>") == len(result.variants)
+    base = result.variants[0]
+    assert "| stage | pos 1 | pos 2 | pos 3 |" in text
+    per_pos = base.stages[0].num_accepted_tokens / base.stages[0].num_drafts / 3
+    assert f"| fresh | {per_pos:.2f} | {per_pos:.2f} | {per_pos:.2f} |" in text
+    assert "| 1 | sleep | 200 | 0.120 |" in text and "| 1 | discard | 200 | 0.050 |" in text
+    assert "- draft: 7/15 parameters all-zero or on meta after reload_weights" in text
+    assert "- device memory: n/a" in text
+    assert "- time: startup 30.2 s · measurement 7.5 s" in text
+    command = "VLLM_SERVER_DEV_MODE=1 /venv/bin/python -m vllm.entrypoints.openai.api_server"
+    assert f"```sh\n{command}\n```" in text
+
+
+def test_failed_step_is_marked_and_its_error_listed() -> None:
+    result = tiny_cpu()
+    failed = StepResult(1, "reload_weights", "POST", "/collective_rpc", 500, 1.5, False, "boom <here>", None)
+    variant = replace(result.variants[0], steps=[*result.variants[0].steps, failed])
+    text = render_markdown([replace(result, variants=[variant])])
+    assert "| 1 | reload_weights | 500 ✗ | 1.500 |" in text
+    assert "- cycle 1 reload_weights failed: boom &lt;here>" in text
+
+
+def test_crash_details_show_class_crash_lines_and_fenced_log() -> None:
+    text = render_markdown([graphed_gpu()])
+    assert "<summary>baseline: crash (step_failed), per-position acceptance, cycle steps, server command<" in text
+    assert "<summary>patched|v2: error (startup_failed), cycle steps, diagnostics, server command<" in text
+    assert "**crash** — class `step_failed`" in text
+    assert "Log lines that decided the class:\n\n```\nRuntimeError: CUDA error: an illegal memory access\n```" in text
+    assert "Log excerpt (`results/run/logs/baseline.log`):\n\n````\nRuntimeError: CUDA error" in text
+    assert "**error** — class `startup_failed`" in text and "ImportError: cannot import name 'X'" in text
+
+
+def test_provenance_footer() -> None:
+    result = graphed_gpu()
+    footer = provenance_line(result)
+    assert footer.startswith("<sub>specwake 0.1.0 · vLLM: baseline 0.32.0, patched|v2 – · ")
+    for part in (
+        f"patch sha256: patched|v2 {PATCH_SHA[:12]}",
+        f"scenario sha256: {SCENARIO_SHA[:12]}",
+        "Python 3.11.7",
+        "host ci-runner",
+        "GPUs: baseline 0,1; patched|v2 2,3",
+        "L2 discard: native",
+        "mode: sequential",
+        "tok/s CI: range (n&lt;6)",
+        "started 2025-06-01T12:00:00Z",
+    ):
+        assert part in footer, part
+    assert "GPUs" not in provenance_line(tiny_cpu())  # CPU runs have no GPUs to name
+    assert "ratio CI: bootstrap percentile 95% (2000 resamples, seed 0)" in provenance_line(tiny_cpu())
+    assert footer in render_markdown([result])
+
+
+def test_markdown_missing_values_are_dashes_and_native_runs_have_no_note() -> None:
+    result = graphed_gpu()
+    text = render_markdown([result])
+    assert "L2 discard emulated on CPU" not in text
+    fresh = ["baseline", "fresh", "3.20", "50", "110/150", "88.0 (n=1)", "–", "–", "–", "–"]
+    assert _table_rows(text, "baseline")[0] == fresh
+    assert _table_rows(text, "patched\\|v2")[0] == ["patched\\|v2", "no stage measured", *["–"] * 8]
+
+
+def test_markdown_marks_stages_whose_counters_went_backwards() -> None:
+    result = tiny_cpu()
+    assert RESET_NOTE not in render_markdown([result])
+    patched = result.variants[1]
+    restarted = replace(patched.stages[1], counters_reset=True)
+    stages = [patched.stages[0], restarted, *patched.stages[2:]]
+    changed = replace(result, variants=[result.variants[0], replace(patched, stages=stages)])
+    text = render_markdown([changed])
+    assert RESET_NOTE in text
+    assert [r[2] for r in _table_rows(text, "patched")] == ["4.00", "4.00 †", "3.92"]
+
+
+def test_markdown_of_a_partial_result_marks_the_running_variant() -> None:
+    result = tiny_cpu()
+    running = replace(result.variants[1], outcome="incomplete", matched=False)
+    partial = replace(result, variants=[result.variants[0], running], complete=False)
+    text = render_markdown([partial])
+    assert "### tiny-cpu — ✅ PASS (incomplete run)" in text
+    assert "- **patched**: incomplete (expected recover) … — not finished; AL 4.00" in text
+    assert "tiny-cpu/patched unfinished" in text.splitlines()[0]
+
+
+def test_markdown_free_text_cannot_inject_html() -> None:
+    text = render_markdown([graphed_gpu()])
+    outside_fences = re.sub(r"(`{3,})[^\n]*\n.*?\n\1\n", "", text, flags=re.S)  # code blocks show text as is
+    assert "<html>" not in outside_fences and "&lt;html> error page" in outside_fences
+    assert "answered 500: <html> error page\n```" in text
+
+
+def test_render_json_is_a_list_of_result_objects() -> None:
+    results = [tiny_cpu(), graphed_gpu()]
+    data = json.loads(render_json(results))
+    assert isinstance(data, list) and [from_dict(d) for d in data] == results
+
+
+# ------------------------------------------------------------ frame and files
+
+
+def test_stages_frame_columns_and_rows() -> None:
+    results = [tiny_cpu(), graphed_gpu()]
+    frame = stages_frame(results)
+    assert list(frame.columns) == list(STAGE_COLUMNS)
+    assert len(frame) == sum(len(v.stages) for r in results for v in r.variants)
+    first = results[0].variants[0].stages[0]
+    assert frame.iloc[0]["acceptance_rate"] == pytest.approx(first.num_accepted_tokens / first.num_draft_tokens)
+    assert stages_frame([]).columns.tolist() == list(STAGE_COLUMNS)
+
+
+def test_render_csv_carries_intervals_and_ratio_to_fresh() -> None:
+    result = tiny_cpu()
+    frame = pd.read_csv(io.StringIO(render_csv([result])))
+    assert list(frame.columns) == list(STAGE_COLUMNS) and len(frame) == 6
+    base = result.variants[0]
+    after = frame[(frame["variant"] == "baseline") & (frame["cycle"] == 1)].iloc[0]
+    expected = statistics.median(base.stages[1].tok_s) / statistics.median(base.stages[0].tok_s)
+    assert after["tok_s_vs_fresh"] == pytest.approx(expected)
+    assert after["tok_s_ci_low"] == min(base.stages[1].tok_s) and after["tok_s_ci_high"] == max(base.stages[1].tok_s)
+    assert pd.isna(frame.iloc[0]["tok_s_vs_fresh"])  # the fresh stage has no ratio to itself
+
+
+def test_write_files_and_load_round_trip(tmp_path: Path) -> None:
+    result = graphed_gpu()
+    run_dir = tmp_path / "20250601-120000-eagle3-graphed"
+    write_files(run_dir, run_files(result))
+    assert sorted(p.name for p in run_dir.iterdir()) == ["report.md", "result.json", "stages.csv"]
+    assert load_result(run_dir) == result
+    assert load_result(run_dir / "result.json") == result
+    assert (run_dir / "report.md").read_text(encoding="utf-8") == render_markdown([result])
+    csv = pd.read_csv(run_dir / "stages.csv")
+    assert list(csv.columns) == list(STAGE_COLUMNS)
+    assert len(csv) == sum(len(v.stages) for v in result.variants)
+
+
+def test_write_files_replaces_a_previous_result(tmp_path: Path) -> None:
+    partial = replace(tiny_cpu(), complete=False, verdict="error")
+    write_files(tmp_path, run_files(partial))
+    write_files(tmp_path, run_files(tiny_cpu()))
+    assert load_result(tmp_path) == tiny_cpu()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_write_files_unwritable_folder(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ResultsUnwritable, match=str(blocker)):
+        write_files(blocker / "run", run_files(tiny_cpu()))
+
+
+def test_old_sample_result_still_loads() -> None:
+    raw = json.loads(SAMPLE.read_text(encoding="utf-8"))
+    result = load_result(SAMPLE)
+    assert result.schema == raw["schema"] == SCHEMA
+    assert result.verdict == raw["verdict"]
+    assert [v.name for v in result.variants] == [v["name"] for v in raw["variants"]]
+    stages = result.variants[0].stages
+    assert [s.acceptance_length for s in stages] == [s["acceptance_length"] for s in raw["variants"][0]["stages"]]
+    text = render_markdown([result])
+    assert text.startswith(f"## specwake: ✅ {raw['verdict'].upper()}")
+    assert "mode: –" in text and "<details>" in text  # older results lack run mode and diagnostics
+
+
+# ------------------------------------------------------------ load errors
+
+
+def _error_for(path: Path) -> str:
+    with pytest.raises(InputError) as info:
+        load_result(path)
+    assert str(info.value).startswith(str(path))
+    return str(info.value)
+
+
+def test_load_missing_file_and_folder_without_result(tmp_path: Path) -> None:
+    assert "no such file" in _error_for(tmp_path / "nope.json")
+    assert "no such file" in _error_for(tmp_path / "result.json")
+
+
+def test_load_bad_json(tmp_path: Path) -> None:
+    bad = tmp_path / "result.json"
+    bad.write_text('{"schema": "specwake.result/1",', encoding="utf-8")
+    assert "invalid JSON" in _error_for(bad)
+
+
+def test_load_unknown_schema(tmp_path: Path) -> None:
+    data = json.loads(SAMPLE.read_text(encoding="utf-8")) | {"schema": "specwake.result/99"}
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    assert "specwake.result/99" in _error_for(path)
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '{"schema": "specwake.result/1"}', "\udcff"])
+def test_load_not_a_result(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "result.json"
+    path.write_bytes(content.encode("utf-8", errors="surrogateescape"))
+    _error_for(path)

@@ -1,0 +1,170 @@
+"""Scenario loading: defaults, resolution, overrides, and every error path as one line with exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specwake.cli import app
+from specwake.errors import ScenarioError
+from specwake.scenario import BUILTIN_PROMPTS, Overrides, load_scenario
+from tests.helpers.paths import REPO
+from tests.helpers.scenario_texts import BAD, MINIMAL
+
+
+def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_follow_design(tmp_path: Path) -> None:
+    s = load_scenario(write(tmp_path, MINIMAL, "my-scn.toml"))
+    assert s.name == "my-scn"
+    assert (s.server.tensor_parallel_size, s.server.enforce_eager, s.server.dtype) == (
+        1,
+        False,
+        "auto",
+    )
+    assert (s.workload.max_tokens, s.workload.repeats, s.workload.warmup) == (256, 5, 1)
+    assert (s.workload.temperature, s.workload.ignore_eos) == (0.0, True)
+    assert (s.cycle.level, s.cycle.count, s.cycle.discard) == (2, 2, "auto")
+    assert [v.name for v in s.variants] == ["baseline"]
+    assert s.variants[0].expected == "any"
+    assert s.tolerance == 0.05
+    assert s.prompts == BUILTIN_PROMPTS["mixed"]
+    assert len(s.sha256) == 64
+
+
+def test_shipped_tiny_cpu_scenario_resolves() -> None:
+    s = load_scenario(REPO / "scenarios" / "tiny-cpu.toml")
+    assert s.name == "tiny-cpu"
+    assert {v.name: v.expected for v in s.variants} == {
+        "baseline": "collapse",
+        "patched": "recover",
+    }
+    patched = next(v for v in s.variants if v.name == "patched")
+    assert patched.patch == REPO / "scenarios" / "patches" / "draft-reload.diff"
+    assert s.speculative["num_speculative_tokens"] == 3
+    assert s.cycle.count == 2 and s.workload.repeats == 5 and s.workload.max_tokens == 128
+    assert s.min_speedup_recovery is None  # speed is advisory where the discard is emulated
+
+
+def test_prompt_files_relative_to_scenario(tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text("one\n\ntwo\n")
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    txt = load_scenario(write(tmp_path, MINIMAL + '[workload]\nprompts = "p.txt"\n'))
+    jsonl = load_scenario(write(tmp_path, MINIMAL + '[workload]\nprompts = "p.jsonl"\n'))
+    assert txt.prompts == ("one", "two")
+    assert jsonl.prompts == ("a", "b")
+
+
+def test_tp_override_reaches_a_named_draft_tp(tmp_path: Path) -> None:
+    text = MINIMAL.replace("num_speculative_tokens = 3", "num_speculative_tokens = 3\ndraft_tensor_parallel_size = 1")
+    s = load_scenario(write(tmp_path, text), Overrides(tp=4))
+    assert s.server.tensor_parallel_size == 4 and s.speculative["draft_tensor_parallel_size"] == 4
+    plain = load_scenario(write(tmp_path, MINIMAL, "plain.toml"), Overrides(tp=4))
+    assert "draft_tensor_parallel_size" not in plain.speculative
+
+
+def test_overrides_apply(tmp_path: Path) -> None:
+    diff = tmp_path / "fix.diff"
+    diff.write_text("x")
+    text = MINIMAL + '[variants.baseline]\n[variants.other]\n[expect]\nbaseline = "collapse"\n'
+    s = load_scenario(
+        write(tmp_path, text),
+        Overrides(cycles=5, tp=2, variants=("baseline", "patched"), patch=diff),
+    )
+    assert s.cycle.count == 5 and s.server.tensor_parallel_size == 2
+    assert [v.name for v in s.variants] == ["baseline", "patched"]
+    assert s.variants[1].patch == diff.resolve()
+
+
+def test_patch_flag_adds_a_patched_variant_the_file_may_expect(tmp_path: Path) -> None:
+    diff = tmp_path / "fix.diff"
+    diff.write_text("x")
+    text = MINIMAL + '[expect]\nbaseline = "collapse"\npatched = "recover"\n'
+    s = load_scenario(write(tmp_path, text), Overrides(patch=diff))
+    assert [(v.name, v.expected, v.patch) for v in s.variants] == [
+        ("baseline", "collapse", None),
+        ("patched", "recover", diff.resolve()),
+    ]
+    with pytest.raises(ScenarioError, match="expect.patched: no variant named"):
+        load_scenario(write(tmp_path, text, "no-flag.toml"))  # without --patch there is no such variant
+
+
+def test_model_paths_are_relative_to_the_scenario_file(tmp_path: Path) -> None:
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    text = MINIMAL.replace('model = "builtin:tiny-llama"', 'model = "../models/target"', 1).replace(
+        'model = "builtin:tiny-llama"', 'model = "./draft"'
+    )
+    s = load_scenario(write(folder, text))
+    assert s.server.model == str(tmp_path / "models" / "target")
+    assert s.speculative["model"] == str(folder / "draft")
+    hub = load_scenario(write(folder, MINIMAL.replace("builtin:tiny-llama", "Qwen/Qwen3-8B"), "hub.toml"))
+    assert hub.server.model == "Qwen/Qwen3-8B" and hub.speculative["model"] == "Qwen/Qwen3-8B"
+
+
+@pytest.mark.parametrize(("text", "key", "phrase"), BAD)
+def test_bad_scenarios_name_file_and_key(tmp_path: Path, text: str, key: str, phrase: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: {key}")
+    assert phrase in message
+    assert "\n" not in message
+
+
+def test_not_utf8_prompts(tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_bytes(b"\xff\xfe bad")
+    with pytest.raises(ScenarioError, match="workload.prompts: prompts file is not UTF-8"):
+        load_scenario(write(tmp_path, MINIMAL + '[workload]\nprompts = "p.txt"\n'))
+
+
+def test_unknown_variant_override(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"--variant: no variant 'nope' \(have: baseline\)"):
+        load_scenario(write(tmp_path, MINIMAL), Overrides(variants=("nope",)))
+
+
+@pytest.mark.parametrize(("text", "phrase"), [(BAD[2][0], "workload.max_tokens"), (BAD[14][0], "server.args")])
+def test_cli_bad_scenario_exits_2_with_one_line(tmp_path: Path, text: str, phrase: str) -> None:
+    path = write(tmp_path, text)
+    result = CliRunner().invoke(app, ["run", str(path), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert phrase in result.output and str(path) in result.output
+    assert not (tmp_path / "out").exists()  # nothing launched, nothing written
+
+
+def test_cli_missing_scenario_and_bad_flags(tmp_path: Path) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(app, ["run", str(tmp_path / "none.toml")])
+    assert missing.exit_code == 2 and "scenario file not found" in missing.output
+    zero = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--cycles", "0"])
+    assert zero.exit_code == 2
+    nopatch = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--patch", str(tmp_path / "x.diff")])
+    assert nopatch.exit_code == 2 and "--patch: file not found" in nopatch.output
+
+
+def test_a_level_list_runs_every_variant_at_each_level(tmp_path: Path) -> None:
+    text = MINIMAL + "[cycle]\nlevel = [1, 2]\n[variants.baseline]\n[variants.patched]\n"
+    text += "[expect]\nbaseline = 'collapse'\nbaseline-L1 = 'recover'\npatched = 'recover'\n"
+    s = load_scenario(write(tmp_path, text))
+    assert [(v.name, v.level, v.expected) for v in s.variants] == [
+        ("baseline-L1", 1, "recover"),
+        ("baseline-L2", 2, "collapse"),
+        ("patched-L1", 1, "recover"),
+        ("patched-L2", 2, "recover"),
+    ]
+    assert s.settings()["variants"]["baseline-L1"]["level"] == 1
+
+
+def test_push_keys_resolve_per_variant(tmp_path: Path) -> None:
+    text = MINIMAL + "[cycle]\nreload = 'push'\npush_to = ['target']\n[variants.a]\n[variants.b]\n"
+    text += "push_to = ['target', 'draft']\npush_scale = { 'model.x.weight' = 2.0 }\n"
+    a, b = load_scenario(write(tmp_path, text)).variants
+    assert a.push_to == ("target",) and a.push_scale == ()
+    assert b.push_to == ("target", "draft") and b.push_scale == (("model.x.weight", 2.0),)

@@ -1,0 +1,91 @@
+"""What the shipped GPU scenarios claim is backed by something: the CPU run of the same drafter family, a model the
+drafter was trained against, an honest `any` where nothing was measured, and a pinned vLLM range for the patch."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from specwake.scenario import Scenario, load_scenario
+from tests.helpers.paths import REPO
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SCENARIOS = REPO / "scenarios"
+
+# GPU scenario → the CPU scenario that runs the same drafter family for real (issue: expectations must match).
+SAME_FAMILY = {
+    "tiny-gpu.toml": "tiny-cpu.toml",
+    "eagle3-eager.toml": "cpu/eagle3.toml",
+    "gemma4-mtp.toml": "cpu/gemma4-mtp.toml",
+    "qwen-mtp.toml": "cpu/mimo-mtp.toml",  # an MTP layer inside the target's checkpoint
+}
+GPU_FILES = [
+    "dspark.toml",
+    "eagle3-eager.toml",
+    "eagle3-graphed.toml",
+    "gemma4-mtp.toml",
+    "qwen-mtp.toml",
+    "tiny-gpu.toml",
+]
+
+
+def load(name: str) -> Scenario:
+    return load_scenario(SCENARIOS / name)
+
+
+def expected(scenario: Scenario) -> dict[str, str]:
+    return {v.name: v.expected for v in scenario.variants}
+
+
+@pytest.mark.parametrize("gpu", list(SAME_FAMILY))
+def test_gpu_expectations_match_the_cpu_run_of_the_same_family(gpu: str) -> None:
+    mine, cpu = expected(load(gpu)), expected(load(SAME_FAMILY[gpu]))
+    assert {k: mine[k] for k in ("baseline", "patched")} == {k: cpu[k] for k in ("baseline", "patched")}
+
+
+def test_eagle3_with_cuda_graphs_claims_nothing_not_measured() -> None:
+    scenario = load("eagle3-graphed.toml")
+    assert set(expected(scenario).values()) == {"any"}, expected(scenario)
+    assert "55013" in scenario.file.read_text().split("[server]")[0]  # the header says why
+
+
+def test_dspark_runs_its_drafter_against_the_model_it_was_trained_on() -> None:
+    scenario = load("dspark.toml")
+    assert scenario.speculative["model"] == "deepseek-ai/dspark_qwen3_4b_block7"
+    assert scenario.server.model == "Qwen/Qwen3-4B"  # BF16, not the FP8 variant
+
+
+def test_dspark_says_why_vllms_preserve_flag_cannot_recover_it() -> None:
+    """--sleep-preserve-parameter-names saves parameters; DSpark's fused copies are plain attributes."""
+    header = (SCENARIOS / "dspark.toml").read_text().split("[server]")[0]
+    assert "_fused_kv_weight" in header and "_save_sleep_parameters" in header and "expected collapse" in header
+
+
+def test_the_unconfirmed_qwen_mtp_id_is_flagged_in_the_header() -> None:
+    header = (SCENARIOS / "qwen-mtp.toml").read_text().split("[server]")[0]
+    assert "confirm" in header and "Qwen3.8-27B-FP8" in header
+
+
+@pytest.mark.parametrize("name", GPU_FILES)
+def test_gpu_files_carry_the_workaround_and_the_floor(name: str) -> None:
+    variants = {v.name: v for v in load(name).variants}
+    assert variants["preserve"].args == ("--sleep-preserve-parameter-names", "draft.*")
+    expected = {"eagle3-graphed.toml": "any", "dspark.toml": "collapse"}.get(name, "recover")
+    assert variants["preserve"].expected == expected
+    assert variants["floor"].speculative is False and variants["floor"].expected == "any"
+
+
+def test_the_gpu_extra_pins_a_tested_vllm_range_and_the_readme_says_so() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (spec,) = [s for s in extras["gpu"] if s.startswith("vllm")]
+    low, high = re.fullmatch(r"vllm>=([\d.]+),<([\d.]+)", spec).groups()  # type: ignore[union-attr]
+    assert tuple(map(int, low.split("."))) < tuple(map(int, high.split(".")))
+    readme = (REPO / "README.md").read_text()
+    assert "pip install -e '.[gpu]'" in readme and f"vLLM {low}" in readme
+    assert "upstream fix" in readme  # what to change when the range moves
