@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specwake.stats import summarize
+from specwake.judge.stats import summarize
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "bench-time-to-verdict"

@@ -23,15 +23,15 @@ from specwake.errors import (
     Interrupted,
     SpecwakeError,
 )
-from specwake.models import BUILTIN_MODELS, cache_dir, ensure_builtin_model, lookup, model_dir
+from specwake.prepare.models import BUILTIN_MODELS, cache_dir, ensure_builtin_model, lookup, model_dir
+from specwake.prepare.scenario import Overrides
 from specwake.report import render_csv, render_json, render_markdown
 from specwake.report.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, parse_pair, render_comparison_markdown
 from specwake.report.plot import render_plot
+from specwake.run.schedule import parse_gpu_list
+from specwake.run.session import RunRequest, check_all, execute
+from specwake.run.shards import merge_shards, parse_shard
 from specwake.runfolder import load_many
-from specwake.scenario import Overrides
-from specwake.schedule import parse_gpu_list
-from specwake.session import RunRequest, check_all, execute
-from specwake.shards import merge_shards, parse_shard
 
 app = typer.Typer(
     add_completion=False,

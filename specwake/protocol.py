@@ -2,8 +2,9 @@
 process and vLLM's workers): the worker methods specwake calls, one table of cycle steps, and the typed requests and
 answers that travel through POST /collective_rpc. Imports nothing from specwake.
 
-To add a cycle step, add one row to STEPS: the cycle (specwake.cycle), the probe points (specwake.diagnose), what
-counts as a restore (specwake.weights) and as the wake (the `max_wake_s` limit, the report's ledger) follow from it.
+To add a cycle step, add one row to STEPS: the cycle (specwake.run.cycle), the probe points (specwake.run.diagnose),
+what counts as a restore (specwake.judge.weights) and as the wake (the `max_wake_s` limit, the report's ledger)
+follow from it.
 """
 
 from __future__ import annotations

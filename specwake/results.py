@@ -91,7 +91,7 @@ class VariantResult:
     info: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     # Per probe point ("after fresh", "after discard", "after reload_weights", ...): per-rank worker answers
-    # {"cycle", "point", "fingerprints": [...], "memory": [...]}; see specwake.diagnose.
+    # {"cycle", "point", "fingerprints": [...], "memory": [...]}; see specwake.run.diagnose.
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)  # problems beyond the outcome (see verdict.findings)
     push: dict[str, Any] | None = None  # {"to": [...], "scale": {...}} when cycles push weights instead of reloading

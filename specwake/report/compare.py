@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specwake.errors import InputError
+from specwake.judge.stats import Ratio, call_change, ratio
 from specwake.report.markdown import MISSING, cell, num, ratio_cell
 from specwake.results import ScenarioResult, StageResult, VariantResult
-from specwake.stats import Ratio, call_change, ratio
 
 MAX_AL_DROP = 0.05  # default: an AL drop beyond this fraction of the old AL is a regression
 MAX_TOKS_DROP = 0.10  # default: a tok/s interval wholly below 1 − this is a regression

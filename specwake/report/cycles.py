@@ -7,11 +7,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from specwake.judge.stats import Slope, slope
+from specwake.judge.weights import GIB
 from specwake.protocol import AWAKE_POINT
 from specwake.report.markdown import MISSING, cell, inline, num
 from specwake.results import LOGPROB_TOLERANCE, MIB, StageResult, VariantResult
-from specwake.stats import Slope, slope
-from specwake.weights import GIB
 
 MIN_DRIFT_CYCLES = 3  # a slope needs this many cycles for an interval
 

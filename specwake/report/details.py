@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import shlex
 
+from specwake.judge.weights import ROLES, discard_line, memory_line, weights_line
 from specwake.report.cycles import ledger
 from specwake.report.markdown import MISSING, cell, fenced, inline
 from specwake.results import VariantResult
-from specwake.weights import ROLES, discard_line, memory_line, weights_line
 
 
 def _position_table(variant: VariantResult) -> list[str]:

@@ -1,15 +1,14 @@
 """Why a variant got its outcome, in one human line with its numbers: the report's, JUnit's and the CLI's wording of
-the decisions specwake.verdict makes. Decides nothing.
+the decisions specwake.judge.verdict makes. Decides nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specwake.crashes import ERROR_CLASSES
-from specwake.expectations import COLLAPSE_AL
-from specwake.results import INCOMPLETE, StageResult, VariantResult
-from specwake.verdict import (
+from specwake.judge.crashes import ERROR_CLASSES
+from specwake.judge.expectations import COLLAPSE_AL
+from specwake.judge.verdict import (
     SLEEP_IGNORED,
     at_least,
     collapsed,
@@ -19,7 +18,8 @@ from specwake.verdict import (
     post_stages,
     recovery_bound,
 )
-from specwake.weights import Restore, weights_line, worst_restore
+from specwake.judge.weights import Restore, weights_line, worst_restore
+from specwake.results import INCOMPLETE, StageResult, VariantResult
 
 
 def _al(value: float | None) -> str:

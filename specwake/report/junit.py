@@ -18,10 +18,10 @@ from pathlib import Path
 
 from specwake.errors import ResultsUnwritable
 from specwake.files import write_atomic
+from specwake.judge.verdict import NOT_TESTED, outcome_matches, recorded_tolerance
 from specwake.report.explain import explain
 from specwake.report.markdown import num
 from specwake.results import INCOMPLETE, ScenarioResult, StageResult, VariantResult
-from specwake.verdict import NOT_TESTED, outcome_matches, recorded_tolerance
 
 MESSAGE_MAX = 300  # characters of an attribute message; the full text goes in the element body
 # Characters outside XML 1.0's Char production (controls other than tab/newline/CR, surrogates, U+FFFE/F).

@@ -5,7 +5,7 @@ Pure string functions; nothing here knows about results.
 
 from __future__ import annotations
 
-from specwake.stats import Ratio
+from specwake.judge.stats import Ratio
 
 MISSING = "–"
 SHORT_SHA = 12

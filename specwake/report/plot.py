@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specwake.errors import InputError, ResultsUnwritable
+from specwake.judge.stats import summarize
 from specwake.results import MIB, ScenarioResult, VariantResult
-from specwake.stats import summarize
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specwake.judge.stats import Ratio, Summary, ratio, summarize
 from specwake.results import StageResult, VariantResult
-from specwake.stats import Ratio, Summary, ratio, summarize
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
-from specwake.report.details import details
-from specwake.report.explain import explain, unrestored_drafter
-from specwake.report.markdown import MISSING, cell, inline, num, ratio_cell, short_sha
-from specwake.report.rows import Row, after_samples, stage_rows
-from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
-from specwake.stats import Summary, ratio, summarize
-from specwake.verdict import (
+from specwake.judge.stats import Summary, ratio, summarize
+from specwake.judge.verdict import (
     NOT_TESTED,
     SpeedRule,
     outcome_matches,
@@ -21,7 +15,13 @@ from specwake.verdict import (
     recorded_tolerance,
     speed_after_cycles,
 )
-from specwake.weights import ROLES
+from specwake.judge.weights import ROLES
+from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
+from specwake.report.details import details
+from specwake.report.explain import explain, unrestored_drafter
+from specwake.report.markdown import MISSING, cell, inline, num, ratio_cell, short_sha
+from specwake.report.rows import Row, after_samples, stage_rows
+from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
 
 EMULATED_NOTE = (
     "L2 discard emulated on CPU: after /sleep?level=2 specwake overwrote every parameter and plain tensor attribute "

@@ -1,7 +1,7 @@
 """Writes one builtin checkpoint into a folder: ``python -m specwake.worker.build NAME --out DIR``.
 
-Runs in the vLLM server's interpreter (torch, safetensors, tokenizers); specwake.models calls it and
-renames the folder into its cache. The names here and in specwake.models.BUILTIN_MODELS are the same set.
+Runs in the vLLM server's interpreter (torch, safetensors, tokenizers); specwake.prepare.models calls it and
+renames the folder into its cache. The names here and in specwake.prepare.models.BUILTIN_MODELS are the same set.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests of specwake.crashes: unit tests over log excerpts in tests/data/logs (written for these tests in
+"""Tests of specwake.judge.crashes: unit tests over log excerpts in tests/data/logs (written for these tests in
 vLLM's format) with false-positive traps, and two component tests against tests/helpers/fake_server.py.
 """
 
@@ -11,14 +11,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specwake.client import VllmClient
-from specwake.completions import Completer
-from specwake.crashes import (
+from specwake.errors import ServerFault
+from specwake.judge.crashes import (
     classify,
 )
-from specwake.cycle import run_cycle
-from specwake.errors import ServerFault
-from specwake.server import Server, ServerSpec, free_port
+from specwake.run.client import VllmClient
+from specwake.run.completions import Completer
+from specwake.run.cycle import run_cycle
+from specwake.run.server import Server, ServerSpec, free_port
 from tests.helpers.paths import DATA, FAKE_SERVER
 from tests.helpers.procs import running
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specwake.engine import install_stamp, probe_engine, resolve_python
 from specwake.errors import EngineMissing
+from specwake.prepare.engine import install_stamp, probe_engine, resolve_python
 
 
 def test_probe_is_cached_per_installation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

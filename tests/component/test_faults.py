@@ -15,8 +15,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from specwake import variant_run
 from specwake.cli import app
+from specwake.run import variant_run
 from tests.helpers.fakeengine import (
     FakeEngine,
     one_run_dir,
@@ -137,7 +137,7 @@ def test_server_exiting_before_ready_is_seen_without_waiting_the_deadline(engine
 def test_foreign_server_on_our_port_is_never_measured(
     engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specwake.server import free_port
+    from specwake.run.server import free_port
 
     port = free_port()
     log = tmp_path / "foreign.log"

@@ -16,7 +16,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from specwake.errors import EngineMissing, InputError
-from specwake.models import (
+from specwake.prepare.models import (
     BUILTIN_MODELS,
     builder_env,
     ensure_builtin_model,

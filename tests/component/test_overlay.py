@@ -1,5 +1,5 @@
-"""Tests of specwake.overlay on a small fake `vllm` package built in tmp dirs, with the real git. (The reference patch
-applied to the installed vLLM: tests/e2e/test_reference_patch.py.)"""
+"""Tests of specwake.prepare.overlay on a small fake `vllm` package built in tmp dirs, with the real git. (The reference
+patch applied to the installed vLLM: tests/e2e/test_reference_patch.py.)"""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from specwake.errors import PatchError
-from specwake.overlay import (
+from specwake.prepare.overlay import (
     MANIFEST,
     Overlay,
     build_overlay,

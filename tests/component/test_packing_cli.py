@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from specwake.run.schedule import Job, plan_schedule
 from specwake.runfolder import load_result
-from specwake.schedule import Job, plan_schedule
 from tests.helpers.fakeengine import (
     REPO,
     FakeEngine,

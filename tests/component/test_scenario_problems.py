@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specwake.verdict import RULES
+from specwake.judge.verdict import RULES
 from tests.helpers.fakeengine import FakeEngine, result_of, run_cli, run_text, scenario_text, variant
 
 run = run_text

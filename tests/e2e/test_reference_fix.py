@@ -17,8 +17,8 @@ from tests.helpers.procs import require_module
 
 require_module("vllm")
 
-from specwake.engine import probe_engine  # noqa: E402
-from specwake.overlay import Overlay, build_overlay  # noqa: E402
+from specwake.prepare.engine import probe_engine  # noqa: E402
+from specwake.prepare.overlay import Overlay, build_overlay  # noqa: E402
 from tests.helpers.paths import HELPERS, REPO  # noqa: E402
 
 PATCH = REPO / "scenarios" / "patches" / "draft-reload.diff"

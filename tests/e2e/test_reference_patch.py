@@ -1,5 +1,6 @@
-"""The reference patch (scenarios/patches/draft-reload.diff) applied by specwake.overlay to the vllm package installed
-in this interpreter: it applies, leaves the installed files alone, and its patched modules import from the overlay."""
+"""The reference patch (scenarios/patches/draft-reload.diff) applied by specwake.prepare.overlay to the vllm package
+installed in this interpreter: it applies, leaves the installed files alone, and its patched modules import from the
+overlay."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specwake.overlay import (
+from specwake.prepare.overlay import (
     Overlay,
     build_overlay,
     inspect_patch,

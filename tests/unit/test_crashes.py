@@ -1,4 +1,4 @@
-"""Tests of specwake.crashes: unit tests over log excerpts in tests/data/logs (written for these tests in
+"""Tests of specwake.judge.crashes: unit tests over log excerpts in tests/data/logs (written for these tests in
 vLLM's format) with false-positive traps, and two component tests against tests/helpers/fake_server.py.
 """
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from specwake.crashes import (
+from specwake.judge.crashes import (
     CRASH_CLASSES,
     ENGINE_DEATH,
     ERROR_LINES,

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from specwake.client import VllmClient
-from specwake.completions import Completer, Completion
-from specwake.cycle import cycle_steps, run_cycle
 from specwake.errors import RequestFailed, RequestTimeout
-from specwake.measure import Workload, drift, run_stage, stage_name
 from specwake.protocol import PushRequest
+from specwake.run.client import VllmClient
+from specwake.run.completions import Completer, Completion
+from specwake.run.cycle import cycle_steps, run_cycle
+from specwake.run.measure import Workload, drift, run_stage, stage_name
 from tests.helpers.mock_vllm import MockVllm
 
 WORKLOAD = Workload(

@@ -13,11 +13,11 @@ import pytest
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from specwake.crashes import MEANINGS
-from specwake.expectations import EXPECTATIONS
+from specwake.judge.crashes import MEANINGS
+from specwake.judge.expectations import EXPECTATIONS
+from specwake.judge.verdict import OUTCOMES, RULES
+from specwake.prepare.scenario_file import EXPECT_NUMBERS, POSITIVE, ScenarioFile
 from specwake.results import INCOMPLETE
-from specwake.scenario_file import EXPECT_NUMBERS, POSITIVE, ScenarioFile
-from specwake.verdict import OUTCOMES, RULES
 from tests.helpers.paths import REPO
 
 ROOT = REPO

@@ -13,7 +13,7 @@ require_module("torch")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from specwake.models import BUILTIN_MODELS  # noqa: E402
+from specwake.prepare.models import BUILTIN_MODELS  # noqa: E402
 from specwake.worker import bigram  # noqa: E402
 from specwake.worker.build import BUILDERS  # noqa: E402
 from specwake.worker.tokenizer import VOCAB_SIZE  # noqa: E402

@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specwake.engine import EngineInfo
-from specwake.hub import availability, cached_snapshot, local_config
-from specwake.prepare import gpu_only_family, platform_problem
-from specwake.scenario import load_scenario
+from specwake.prepare.engine import EngineInfo
+from specwake.prepare.hub import availability, cached_snapshot, local_config
+from specwake.prepare.scenario import load_scenario
+from specwake.prepare.variants import gpu_only_family, platform_problem
 
 CPU = EngineInfo("/py", "3.11", "0.32.0", Path("/pkg/vllm"), (), "cpu", False, None, 0, 2)
 CUDA = EngineInfo("/py", "3.11", "0.33.0", Path("/pkg/vllm"), (), "cuda", True, None, 2, 8)

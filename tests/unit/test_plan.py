@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from specwake.engine import EngineInfo
 from specwake.errors import PlatformMismatch
-from specwake.plan import (
+from specwake.prepare.engine import EngineInfo
+from specwake.prepare.plan import (
     build_server_command,
     build_server_env,
     cpu_thread_binding,
     redact_env,
     resolve_discard,
 )
-from specwake.prepare import PreparedVariant, measurement_plan
-from specwake.scenario import Scenario, load_scenario
+from specwake.prepare.scenario import Scenario, load_scenario
+from specwake.prepare.variants import PreparedVariant, measurement_plan
 
 SCENARIO = """
 [server]

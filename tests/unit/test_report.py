@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from specwake.errors import InputError, ResultsUnwritable
+from specwake.judge.stats import ratio
 from specwake.report import (
     STAGE_COLUMNS,
     provenance_line,
@@ -29,7 +30,6 @@ from specwake.report import (
 from specwake.report.summary import EMULATED_NOTE, RESET_NOTE
 from specwake.results import SCHEMA, StepResult, VariantResult, from_dict
 from specwake.runfolder import load_result, write_files
-from specwake.stats import ratio
 from tests.helpers.builders import (
     PATCH_SHA,
     SAMPLE,

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from specwake.cli import app
 from specwake.errors import ScenarioError
-from specwake.scenario import BUILTIN_PROMPTS, Overrides, load_scenario
+from specwake.prepare.scenario import BUILTIN_PROMPTS, Overrides, load_scenario
 from tests.helpers.paths import REPO
 from tests.helpers.scenario_texts import BAD, MINIMAL
 

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from specwake.errors import InputError
+from specwake.run.shards import Shard, assign, jobs_of, merge_shards, parse_shard
 from specwake.runfolder import load_result
-from specwake.shards import Shard, assign, jobs_of, merge_shards, parse_shard
 from tests.helpers.paths import DATA
 
 SAMPLE = DATA / "result-v1-sample.json"

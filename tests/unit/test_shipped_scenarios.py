@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from specwake.scenario import Scenario, load_scenario
+from specwake.prepare.scenario import Scenario, load_scenario
 from tests.helpers.paths import REPO
 
 if sys.version_info >= (3, 11):

@@ -1,5 +1,6 @@
-"""The speed rule (specwake.speed): exact pieces checked by brute force, and its false-alarm rate and power measured
-by a seeded simulation from request speeds recorded on a shared 2-core machine (tests/data/tok-s-2core.json).
+"""The speed rule (specwake.judge.speed): exact pieces checked by brute force, and its false-alarm rate and power
+measured by a seeded simulation from request speeds recorded on a shared 2-core machine
+(tests/data/tok-s-2core.json).
 
 Null trials draw a fresh stage and c post-cycle stages from the recorded stages (each run normalised by its own
 median, so only the spread between stages and between requests is kept) and n requests from each; "power" trials
@@ -16,7 +17,7 @@ import statistics
 
 import pytest
 
-from specwake.speed import ALPHA, min_p_value, rank_p_value, speed_call
+from specwake.judge.speed import ALPHA, min_p_value, rank_p_value, speed_call
 from tests.helpers.paths import DATA
 
 DATA = DATA / "tok-s-2core.json"

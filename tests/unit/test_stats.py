@@ -1,4 +1,4 @@
-"""Unit tests of specwake.stats: medians/MADs by hand, exact order-statistic CIs, bootstrap ratios.
+"""Unit tests of specwake.judge.stats: medians/MADs by hand, exact order-statistic CIs, bootstrap ratios.
 
 Binomial coverages are recomputed here from math.comb; synthetic data comes from seeded generators.
 """
@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from specwake.stats import (
+from specwake.judge.stats import (
     MIN_BOOTSTRAP_N,
     Ratio,
     call_change,

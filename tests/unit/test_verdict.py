@@ -1,4 +1,4 @@
-"""Unit tests of specwake.verdict: outcome rules and their order, verdicts, exit codes, wording.
+"""Unit tests of specwake.judge.verdict: outcome rules and their order, verdicts, exit codes, wording.
 
 Stages are built here with chosen numbers; the thresholds they sit on are computed, not typed.
 """
@@ -10,12 +10,10 @@ from dataclasses import replace
 
 import pytest
 
-from specwake.crashes import ERROR_CLASSES, MEANINGS
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_PASS
-from specwake.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, EXPECTATIONS, Limits
-from specwake.report.explain import explain, first_difference
-from specwake.results import INCOMPLETE, StageResult, StepResult, VariantResult
-from specwake.verdict import (
+from specwake.judge.crashes import ERROR_CLASSES, MEANINGS
+from specwake.judge.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, EXPECTATIONS, Limits
+from specwake.judge.verdict import (
     OUTCOMES,
     decide_outcome,
     decide_verdict,
@@ -26,6 +24,8 @@ from specwake.verdict import (
     sleep_ignored,
     speed_rule,
 )
+from specwake.report.explain import explain, first_difference
+from specwake.results import INCOMPLETE, StageResult, StepResult, VariantResult
 from tests.helpers import builders
 
 TOL = 0.05

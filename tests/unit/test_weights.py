@@ -1,11 +1,12 @@
-"""Unit tests of specwake.weights: reading the workers' fingerprints and discard answers as a run recorded them."""
+"""Unit tests of specwake.judge.weights: reading the workers' fingerprints and discard answers as a run recorded
+them."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from specwake.judge.weights import discard_line, moved, restored, weights_line, worst_restore
 from specwake.results import StepResult
-from specwake.weights import discard_line, moved, restored, weights_line, worst_restore
 
 
 def part(differ: int, compared: int = 7, **fields: Any) -> dict[str, Any]:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from specwake import protocol
-from specwake.client import Answer, VllmClient
 from specwake.errors import InputRejected, RequestFailed, RequestTimeout, ServerFault
 from specwake.protocol import PushAnswer, PushRequest, StepKind
 from specwake.results import StepResult
+from specwake.run.client import Answer, VllmClient
 
 
 @dataclass(frozen=True)

@@ -12,16 +12,16 @@ from pathlib import Path
 
 from specwake.errors import Interrupted
 from specwake.events import Event, Events
-from specwake.gate import AnyTime, Turns
-from specwake.judge import host_info, judge_scenario, now_iso
-from specwake.prepare import PreparedVariant
+from specwake.judge.assemble import host_info, judge_scenario, now_iso
+from specwake.judge.verdict import speed_rule
+from specwake.prepare.scenario import Scenario
+from specwake.prepare.variants import PreparedVariant
 from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
+from specwake.run.gate import AnyTime, Turns
+from specwake.run.schedule import Job, run_packed
+from specwake.run.variant_run import VariantRun
 from specwake.runfolder import RunLayout, write_files
-from specwake.scenario import Scenario
-from specwake.schedule import Job, run_packed
-from specwake.variant_run import VariantRun
-from specwake.verdict import speed_rule
 
 
 class Recorder:

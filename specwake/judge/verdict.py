@@ -10,12 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specwake.crashes import ERROR_CLASSES
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_PASS
-from specwake.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, DEFAULT_TOLERANCE, EXPECTATIONS, Limits
+from specwake.judge.crashes import ERROR_CLASSES
+from specwake.judge.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, DEFAULT_TOLERANCE, EXPECTATIONS, Limits
+from specwake.judge.speed import SpeedCall, speed_call
+from specwake.judge.weights import moved
 from specwake.results import MIB, ScenarioResult, StageResult, VariantResult
-from specwake.speed import SpeedCall, speed_call
-from specwake.weights import moved
 
 OUTCOMES = ("recover", "collapse", "corrupt", "crash", "degraded", "error", "floor", "untested")
 # Outcomes that say nothing about the wake: they never meet an expectation, and make a scenario's verdict `error`.
@@ -111,7 +111,7 @@ class Facts:
 
     stages: Sequence[StageResult]
     tolerance: float
-    failure: str | None = None  # the failure class (specwake.crashes), None when nothing failed
+    failure: str | None = None  # the failure class (specwake.judge.crashes), None when nothing failed
     target_restored: bool | None = None  # target matched fresh after every reload or push; None: not compared
     draft_restored: bool | None = None  # the same for the drafter, where it is judged (judges_drafter)
     speed: SpeedRule | None = None

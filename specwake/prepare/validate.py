@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specwake.engine import EngineInfo, install_stamp
 from specwake.errors import ScenarioError
 from specwake.events import Event, Events
 from specwake.files import write_cache
-from specwake.measure import probe_prompt
-from specwake.models import builder_env
-from specwake.scenario import Scenario, Variant
+from specwake.prepare.engine import EngineInfo, install_stamp
+from specwake.prepare.models import builder_env
+from specwake.prepare.scenario import Scenario, Variant
+from specwake.run.measure import probe_prompt
 
 TIMEOUT_S = 300.0
 PREFIX = "SPECWAKE_VALIDATE "

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specwake.client import VllmClient
-from specwake.completions import Completer, Completion
 from specwake.errors import RequestFailed
-from specwake.metrics import SpecCounters, counter_delta, parse_spec_counters
+from specwake.prepare.scenario import Scenario
 from specwake.results import LOGPROB_TOLERANCE, StageResult
-from specwake.scenario import Scenario
+from specwake.run.client import VllmClient
+from specwake.run.completions import Completer, Completion
+from specwake.run.metrics import SpecCounters, counter_delta, parse_spec_counters
 
 # The prefix-cache probe: ~300 characters, several KV-cache blocks with any tokenizer, under 512 tokens with a
 # byte-level one. Every stage sends it twice: the first answer must show no cached tokens right after a wake (the

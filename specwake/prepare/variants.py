@@ -12,21 +12,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specwake.cycle import cycle_steps
-from specwake.engine import EngineInfo, probe_engine, resolve_python
 from specwake.errors import PatchError, PlatformMismatch
 from specwake.events import Event, Events
-from specwake.expectations import COLLAPSE_AL
-from specwake.hub import Availability, local_config
-from specwake.models import is_builtin, resolve_model_ref
-from specwake.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
-from specwake.plan import VariantPlan, build_server_command, build_server_env, redact_env, resolve_discard
+from specwake.judge.expectations import COLLAPSE_AL
+from specwake.judge.verdict import RULES, SLEEP_IGNORED, sleep_ignored, speed_rule
+from specwake.prepare.engine import EngineInfo, probe_engine, resolve_python
+from specwake.prepare.hub import Availability, local_config
+from specwake.prepare.models import is_builtin, resolve_model_ref
+from specwake.prepare.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
+from specwake.prepare.plan import VariantPlan, build_server_command, build_server_env, redact_env, resolve_discard
+from specwake.prepare.scenario import Scenario, Variant
+from specwake.prepare.validate import validate_variants
 from specwake.protocol import PushRequest
-from specwake.scenario import Scenario, Variant
-from specwake.validate import validate_variants
-from specwake.verdict import RULES, SLEEP_IGNORED, sleep_ignored, speed_rule
+from specwake.run.cycle import cycle_steps
 
-PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder that holds the specwake package
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def prepare(
 def validate_run(
     scenarios: Sequence[Scenario], prepared: Sequence[Sequence[PreparedVariant]], cache: Path, events: Events
 ) -> None:
-    """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.validate)."""
+    """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.prepare.validate)."""
     pairs = zip(scenarios, prepared, strict=True)
     checks = [(s, p.variant, p.engine, p.model, p.draft_model) for s, variants in pairs for p in variants]
     validate_variants(checks, cache, events)

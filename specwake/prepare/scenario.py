@@ -1,5 +1,5 @@
 """Scenario files: TOML → one strict, frozen Scenario, with command-line overrides merged in and paths resolved
-(the keys themselves are defined in specwake.scenario_file).
+(the keys themselves are defined in specwake.prepare.scenario_file).
 
 Every problem becomes a ScenarioError that renders as one line: ``file: key.path: reason``.
 """
@@ -17,8 +17,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from specwake.errors import ScenarioError
-from specwake.expectations import DEFAULT_TOLERANCE, Limits
-from specwake.scenario_file import (
+from specwake.judge.expectations import DEFAULT_TOLERANCE, Limits
+from specwake.prepare.scenario_file import (
     BUILTIN_PROMPTS,
     LIMIT_KEYS,
     SAFE_NAME,

@@ -62,7 +62,7 @@ def model_dir(name: str, cache: Path) -> Path:
 
 
 def _package_parent() -> Path:
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def builder_command(python: str, name: str, out: Path) -> list[str]:

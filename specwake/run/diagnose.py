@@ -1,5 +1,5 @@
 """Collects the diagnostics that explain an outcome: weight fingerprints and device memory of every rank, at
-points of a cycle, through the worker extension. specwake.weights reads what was collected.
+points of a cycle, through the worker extension. specwake.judge.weights reads what was collected.
 
 Fingerprints are compared with the fresh ones inside the workers: the "after fresh" probe saves each tensor's
 checksum and address there, later probes count the tensors that differ and those that moved. A discard that leaves
@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from specwake import protocol
-from specwake.client import VllmClient
 from specwake.errors import ServerFault
+from specwake.run.client import VllmClient
 
 
 def fingerprint_kwargs(point: str) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The scenario file's format: every TOML key, its type, default and check, as strict pydantic models.
 
 This is the one definition of what a scenario may say (docs/scenario-format.md documents it key by key, and
-tests/unit/test_docs.py checks that it does). specwake.scenario reads a file with these models and resolves it.
+tests/unit/test_docs.py checks that it does). specwake.prepare.scenario reads a file with these models and resolves it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specwake.expectations import EXPECTATIONS, Limits
+from specwake.judge.expectations import EXPECTATIONS, Limits
 
 # A scenario or variant name names a folder: one path component, nothing that could climb out of --output.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")

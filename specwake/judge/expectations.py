@@ -1,5 +1,5 @@
 """What a scenario may expect, and the defaults it gets when it says nothing: the vocabulary of `[expect]`, shared by
-the scenario format (specwake.scenario_file) and the decisions (specwake.verdict). Decides nothing itself.
+the scenario format (specwake.prepare.scenario_file) and the decisions (specwake.judge.verdict). Decides nothing itself.
 """
 
 from __future__ import annotations

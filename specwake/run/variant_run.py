@@ -11,19 +11,20 @@ from pathlib import Path
 
 import httpx
 
-from specwake import diagnose, protocol
-from specwake.client import VllmClient
-from specwake.completions import Completer, Completion
-from specwake.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
-from specwake.cycle import run_cycle
+from specwake import protocol
 from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFailed
 from specwake.events import Event, Events
-from specwake.judge import VariantRecord, judge_variant, push_of
-from specwake.measure import Workload, run_stage, stage_name
-from specwake.prepare import PreparedVariant, check_imports, plan_variant
+from specwake.judge.assemble import VariantRecord, judge_variant, push_of
+from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
+from specwake.prepare.scenario import Scenario
+from specwake.prepare.variants import PreparedVariant, check_imports, plan_variant
 from specwake.results import StepResult, VariantResult
-from specwake.scenario import Scenario
-from specwake.server import Server, ServerSpec, describe_exit, free_port
+from specwake.run import diagnose
+from specwake.run.client import VllmClient
+from specwake.run.completions import Completer, Completion
+from specwake.run.cycle import run_cycle
+from specwake.run.measure import Workload, run_stage, stage_name
+from specwake.run.server import Server, ServerSpec, describe_exit, free_port
 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result

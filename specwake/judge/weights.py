@@ -1,4 +1,4 @@
-"""Pure readings of the diagnostics a run recorded (see specwake.diagnose): whether target and drafter match their
+"""Pure readings of the diagnostics a run recorded (see specwake.run.diagnose): whether target and drafter match their
 fresh checksums after every reload or push, which tensors moved to new storage, what the emulated discard took, and
 the one-line summaries the report shows ("draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; …").
 """

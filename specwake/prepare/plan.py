@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specwake.errors import PlatformMismatch
-from specwake.scenario import Scenario, Variant
+from specwake.prepare.scenario import Scenario, Variant
 
 WORKER_EXTENSION = "specwake.worker.extension.SpecwakeWorkerExtension"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # deprecated upstream; kept where `vllm serve` cannot run

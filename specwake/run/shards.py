@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from specwake.errors import InputError
+from specwake.judge.verdict import decide_verdict
 from specwake.results import INCOMPLETE, ScenarioResult
-from specwake.verdict import decide_verdict
 
 _SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 

@@ -18,7 +18,7 @@ from typing import IO
 import httpx
 
 from specwake.errors import StartupFailed
-from specwake.plan import REDACTED, redact_env
+from specwake.prepare.plan import REDACTED, redact_env
 
 log = logging.getLogger(__name__)
 

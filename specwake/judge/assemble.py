@@ -1,4 +1,4 @@
-"""From what a run recorded to what it means, in one pure place: a variant's record (specwake.variant_run) becomes a
+"""From what a run recorded to what it means, in one pure place: a variant's record (specwake.run.variant_run) becomes a
 VariantResult with its outcome, match and findings; a scenario's variants become a ScenarioResult with its verdict
 and provenance. No server, no file: tests drive it from builders.
 """
@@ -15,12 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specwake import __version__
-from specwake.plan import redact_env
-from specwake.prepare import PreparedVariant
-from specwake.protocol import PushRequest
-from specwake.results import INCOMPLETE, ScenarioResult, StageResult, StepResult, VariantResult
-from specwake.scenario import Scenario
-from specwake.verdict import (
+from specwake.judge.verdict import (
     decide_outcome,
     decide_verdict,
     findings,
@@ -29,7 +24,12 @@ from specwake.verdict import (
     sleep_ignored,
     speed_rule,
 )
-from specwake.weights import restored
+from specwake.judge.weights import restored
+from specwake.prepare.plan import redact_env
+from specwake.prepare.scenario import Scenario
+from specwake.prepare.variants import PreparedVariant
+from specwake.protocol import PushRequest
+from specwake.results import INCOMPLETE, ScenarioResult, StageResult, StepResult, VariantResult
 
 
 @dataclass
@@ -46,7 +46,7 @@ class VariantRecord:
     steps: list[StepResult] = field(default_factory=list)
     diagnostics: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)  # {"workers": [specwake_info answers]}
-    crash_class: str | None = None  # set when the variant failed (see specwake.crashes)
+    crash_class: str | None = None  # set when the variant failed (see specwake.judge.crashes)
     error: str | None = None
     first_error: str | None = None
     crash_lines: tuple[str, ...] = ()
@@ -147,7 +147,7 @@ def judge_scenario(
     shard: str | None = None,
 ) -> ScenarioResult:
     """The scenario result; a variant still running (outcome `incomplete`) takes no part in the verdict. `host`: the
-    machine's host_info(); `shard`: "K/N" when this machine ran only its share of the jobs (specwake.shards)."""
+    machine's host_info(); `shard`: "K/N" when this machine ran only its share of the jobs (specwake.run.shards)."""
     verdict = decide_verdict([(v.outcome, v.matched) for v in variants if v.outcome != INCOMPLETE])
     return ScenarioResult(
         scenario={

@@ -10,12 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specwake.crashes import INPUT_REJECTED
 from specwake.errors import EXIT_PASS, InputError
 from specwake.events import Event, Events
-from specwake.hub import availability
-from specwake.models import is_builtin
-from specwake.prepare import (
+from specwake.judge.crashes import INPUT_REJECTED
+from specwake.judge.verdict import exit_code
+from specwake.prepare.hub import availability
+from specwake.prepare.models import is_builtin
+from specwake.prepare.scenario import Overrides, Scenario, load_scenario
+from specwake.prepare.variants import (
     PreparedVariant,
     available_cpus,
     describe,
@@ -28,12 +30,10 @@ from specwake.prepare import (
 from specwake.report import render_markdown
 from specwake.report.junit import write_junit
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
+from specwake.run.runner import Work, run_packed_scenarios, run_scenario
+from specwake.run.schedule import Job, plan_schedule
+from specwake.run.shards import Shard, jobs_of
 from specwake.runfolder import RESULT_FILE, RunLayout, check_writable, load_result, scenario_results, write_files
-from specwake.runner import Work, run_packed_scenarios, run_scenario
-from specwake.scenario import Overrides, Scenario, load_scenario
-from specwake.schedule import Job, plan_schedule
-from specwake.shards import Shard, jobs_of
-from specwake.verdict import exit_code
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,4 @@
+"""Before any server starts: a scenario file read and resolved (scenario_file, scenario), builtin models built
+(models), models found (hub), each variant's vLLM probed (engine), patches overlaid (overlay), the scenario checked by
+that vLLM (validate), and each server's exact argv and environment planned (plan); variants.py puts it together.
+"""
