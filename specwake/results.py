@@ -113,6 +113,10 @@ class VariantResult:
                 per_cycle[step.cycle] = per_cycle.get(step.cycle, 0.0) + step.seconds
         return per_cycle
 
+    def rss_asleep(self) -> dict[int, int]:
+        """Cycle → host RSS of the server group right after its sleep step (what a sleep holds in host memory)."""
+        return {s.cycle: s.rss_bytes for s in self.steps if s.name == "sleep" and s.rss_bytes is not None}
+
     def rss_after_wake(self) -> dict[int, int]:
         """Cycle → host RSS of the server group after the cycle's last step that read it."""
         rss: dict[int, int] = {}

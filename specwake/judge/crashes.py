@@ -1,7 +1,8 @@
 """Every failure class a variant can end with, and its meaning, in one place; plus the pure classification of
 a server fault: the runner's view plus the server's log text become one named class.
 
-GPU evidence (illegal memory access, out of memory) wins, then a dead engine, then the runner's own class.
+GPU evidence (illegal memory access, a device-side assert, out of memory) wins, then a call across the ranks that
+timed out, then a dead engine, then the runner's own class.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 CUDA_ILLEGAL_MEMORY_ACCESS = "cuda_illegal_memory_access"
+CUDA_DEVICE_ASSERT = "cuda_device_assert"
 CUDA_OOM = "cuda_oom"
+COLLECTIVE_TIMEOUT = "collective_timeout"
 ENGINE_DEAD = "engine_dead"
 STARTUP_FAILED = "startup_failed"
 REQUEST_TIMEOUT = "request_timeout"
@@ -30,7 +33,10 @@ MEANINGS: dict[str, str] = {
     INPUT_REJECTED: "the scenario's own input was refused (HTTP 4xx, e.g. a prompt longer than max_model_len, or a"
     " push_scale name that matches no tensor): a problem of the scenario, not a crash of vLLM",
     CUDA_ILLEGAL_MEMORY_ACCESS: "CUDA illegal memory access",
+    CUDA_DEVICE_ASSERT: "a CUDA kernel's device-side assertion failed (e.g. an index out of bounds)",
     CUDA_OOM: "CUDA out of memory",
+    COLLECTIVE_TIMEOUT: "a call across the ranks did not finish in time (vLLM's RPC to its workers, or an NCCL"
+    " collective its watchdog timed out): a rank hung or died",
     ENGINE_DEAD: "the vLLM engine core died",
     REQUEST_TIMEOUT: "a request or cycle step did not answer before its deadline",
     STEP_FAILED: "a request or cycle step failed while the server stayed up",
@@ -40,7 +46,9 @@ ERROR_CLASSES: tuple[str, ...] = (STARTUP_FAILED, PORT_CONFLICT, OVERLAY_NOT_USE
 # What `classify` can name (startup_failed included: a server that died while starting).
 CRASH_CLASSES: tuple[str, ...] = (
     CUDA_ILLEGAL_MEMORY_ACCESS,
+    CUDA_DEVICE_ASSERT,
     CUDA_OOM,
+    COLLECTIVE_TIMEOUT,
     ENGINE_DEAD,
     STARTUP_FAILED,
     REQUEST_TIMEOUT,
@@ -66,6 +74,26 @@ ILLEGAL_MEMORY_ACCESS: Patterns = _compile(
     r"\bcudaErrorIllegalAddress\b",
     r"\bCUDA_ERROR_ILLEGAL_ADDRESS\b",
     r"\bhipErrorIllegalAddress\b",
+)
+
+# A kernel's assert(): torch prints "CUDA error: device-side assert triggered" (with "Search for `cudaErrorAssert'"),
+# and the kernel itself "…IndexKernel.cu:111: operator(): block: [3,0,0], thread: [64,0,0] Assertion `…` failed.".
+DEVICE_ASSERT: Patterns = _compile(
+    r"device-side assert(?:ion)? triggered",
+    r"\bcudaErrorAssert\b",
+    r"\bCUDA_ERROR_ASSERT\b",
+    r"\bhipErrorAssert\b",
+    r"\.cu:\d+: .*block: \[[\d,]+\], thread: \[[\d,]+\] Assertion `.*` failed",
+)
+
+# A call across the ranks that never came back. vLLM's executor: `TimeoutError(f"RPC call to {method} timed out.")`
+# (v1/executor/multiproc_executor.py, 0.32/0.33, when /collective_rpc's timeout passes); PyTorch's NCCL watchdog:
+# "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=…, OpType=ALLREDUCE, …) ran for 600061
+# milliseconds before timing out." and "[Rank 1] Some NCCL operations have failed or timed out. …".
+COLLECTIVE_TIMEOUTS: Patterns = _compile(
+    r"RPC call to \S+ timed out",
+    r"Watchdog caught collective operation timeout",
+    r"Some NCCL operations have failed or timed out",
 )
 
 # An allocation that failed: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ...",
@@ -164,13 +192,33 @@ def _first_index(lines: list[str], patterns: Patterns) -> int | None:
     return next((i for i, line in enumerate(lines) if any(p.search(line) for p in patterns)), None)
 
 
+# pydantic's announcement, whose reason is on the lines after it: "ValidationError: 1 validation error for
+# SpeculativeConfig" then "  Value error, Invalid repository ID or local directory specified: '…'." (a field-level
+# error puts the field's name on a line of its own first).
+VALIDATION_ERROR = re.compile(r"\d+ validation errors? for \w+$")
+PYDANTIC_REASON = re.compile(r"^\s+(?:Value error, |Assertion failed, )?(?P<reason>\S.*)$")
+
+
 def first_exception(text: str) -> str | None:
-    """The first line of `text` that announces an exception (stripped of vLLM's log prefix), or None."""
-    for raw in text.splitlines():
-        line = CHATTER_PREFIX.sub("", raw.strip())
-        match = EXCEPTION_LINE.search(line)
-        if match and not line.startswith(("File ", "raise ", "except ")):
-            return line[match.start() :]
+    """The first line of `text` that announces an exception (stripped of vLLM's log prefix; its DEBUG, INFO and WARNING
+    lines, which quote exceptions as advice, never count), or None. For a pydantic
+    ValidationError, whose announcement names only the class, the reason from the next lines is quoted after it."""
+    lines = [CHATTER_PREFIX.sub("", raw.rstrip()) for raw in drop_chatter(text).splitlines()]
+    for index, line in enumerate(lines):
+        stripped = line.strip()
+        match = EXCEPTION_LINE.search(stripped)
+        if match and not stripped.startswith(("File ", "raise ", "except ")):
+            announced = stripped[match.start() :]
+            reason = _validation_reason(lines[index + 1 : index + 4]) if VALIDATION_ERROR.search(announced) else None
+            return f"{announced} — {reason}" if reason else announced
+    return None
+
+
+def _validation_reason(following: list[str]) -> str | None:
+    for line in following:
+        found = PYDANTIC_REASON.match(line)
+        if found and " " in found.group("reason").strip():  # a field's name alone is not the reason
+            return found.group("reason").strip()
     return None
 
 
@@ -215,7 +263,9 @@ def classify(*, fault_class: str, log_text: str, phase: str, server_alive: bool,
     errors_only = drop_chatter(evidence)
     candidates: list[tuple[str, Patterns, str]] = [
         (CUDA_ILLEGAL_MEMORY_ACCESS, ILLEGAL_MEMORY_ACCESS, evidence),
+        (CUDA_DEVICE_ASSERT, DEVICE_ASSERT, evidence),
         (CUDA_OOM, OUT_OF_MEMORY, errors_only),
+        (COLLECTIVE_TIMEOUT, COLLECTIVE_TIMEOUTS, errors_only),
     ]
     if phase != STARTUP_PHASE and fault_class != STARTUP_FAILED:
         candidates.append((ENGINE_DEAD, ENGINE_DEATH, evidence))

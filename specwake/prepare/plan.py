@@ -106,6 +106,20 @@ def speculative_config(scenario: Scenario, draft_model: str | None) -> dict[str,
     return config
 
 
+def model_flags(scenario: Scenario, is_gpu: bool) -> list[str]:
+    """The flags from specwake's own [server] keys that shape the model: the server gets them, and `check` builds
+    vLLM's configs from them."""
+    server = scenario.server
+    flags = ["--tensor-parallel-size", str(server.tensor_parallel_size), "--dtype", server.dtype]
+    if server.enforce_eager:
+        flags.append("--enforce-eager")
+    if server.max_model_len is not None:
+        flags += ["--max-model-len", str(server.max_model_len)]
+    if server.gpu_memory_utilization is not None and is_gpu:
+        flags += ["--gpu-memory-utilization", str(server.gpu_memory_utilization)]
+    return flags
+
+
 def build_server_command(
     scenario: Scenario,
     variant: Variant,
@@ -125,13 +139,7 @@ def build_server_command(
         argv = [python, "-m", CLI_MODULE, "serve", model, "--host", HOST, "--port", str(port)]
     else:
         argv = [python, "-m", SERVER_MODULE, "--host", HOST, "--port", str(port), "--model", model]
-    argv += ["--tensor-parallel-size", str(server.tensor_parallel_size), "--dtype", server.dtype]
-    if server.enforce_eager:
-        argv.append("--enforce-eager")
-    if server.max_model_len is not None:
-        argv += ["--max-model-len", str(server.max_model_len)]
-    if server.gpu_memory_utilization is not None and is_gpu:
-        argv += ["--gpu-memory-utilization", str(server.gpu_memory_utilization)]
+    argv += model_flags(scenario, is_gpu)
     if variant.speculative:
         spec = speculative_config(scenario, draft_model)
         argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]

@@ -203,7 +203,7 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
     except ValidationError as exc:
         raise _error_from_validation(shown, exc) from None
     name = _scenario_name(shown, file, doc)
-    doc = _local_models(file, doc)
+    doc = _local_models(shown, file, doc)
     variants = [
         variant
         for variant_name, section in _chosen_variants(shown, doc, overrides).items()
@@ -305,12 +305,21 @@ def _local_path(file: Path, ref: str) -> str:
     return ref
 
 
-def _local_models(file: Path, doc: ScenarioFile) -> ScenarioFile:
-    server = doc.server.model_copy(update={"model": _local_path(file, doc.server.model)})
+def _local_models(shown: str, file: Path, doc: ScenarioFile) -> ScenarioFile:
+    """Model paths made absolute; a path that names no folder is refused (exit 2), not left for the Hub to answer."""
+    server = doc.server.model_copy(update={"model": _existing(shown, "server.model", file, doc.server.model)})
     speculative = dict(doc.speculative)
     if isinstance(speculative.get("model"), str):
-        speculative["model"] = _local_path(file, speculative["model"])
+        speculative["model"] = _existing(shown, "speculative.model", file, speculative["model"])
     return doc.model_copy(update={"server": server, "speculative": speculative})
+
+
+def _existing(shown: str, key: str, file: Path, ref: str) -> str:
+    resolved = _local_path(file, ref)
+    if resolved != ref and not Path(resolved).is_dir():
+        what = "is not a folder" if Path(resolved).exists() else "does not exist"
+        raise ScenarioError(shown, key, f"{resolved} {what} (a path names a local model folder)")
+    return resolved
 
 
 def _resolve_patch(shown: str, file: Path, name: str, section: VariantSection, overrides: Overrides) -> Path | None:

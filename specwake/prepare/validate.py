@@ -20,6 +20,7 @@ from specwake.events import Event, Events
 from specwake.files import write_cache
 from specwake.prepare.engine import EngineInfo, install_stamp
 from specwake.prepare.models import builder_env
+from specwake.prepare.plan import model_flags, speculative_config
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.run.measure import probe_prompt
 
@@ -27,15 +28,18 @@ TIMEOUT_S = 300.0
 PREFIX = "SPECWAKE_VALIDATE "
 
 
-def request_for(scenario: Scenario, variant: Variant, model: str, draft_model: str | None = None) -> dict[str, Any]:
+def request_for(
+    scenario: Scenario, variant: Variant, model: str, draft_model: str | None = None, is_gpu: bool = False
+) -> dict[str, Any]:
     """What the variant's vLLM is asked to check: the [speculative] table, the server arguments, every prompt the
     run sends (the scenario's and specwake's prefix-cache probe) against max_model_len, and the push_scale names."""
     draft = draft_model or scenario.speculative.get("model")
     return {
         "model": model,
-        "speculative": dict(scenario.speculative) if variant.speculative else {},
+        "speculative": speculative_config(scenario, draft_model) if variant.speculative else {},
         "args": list(scenario.server.args),
         "variant_args": list(variant.args),
+        "serve_args": [*model_flags(scenario, is_gpu), *scenario.server.args, *variant.args],
         "draft_model": draft if isinstance(draft, str) else None,
         "prompts": [*scenario.prompts, probe_prompt(scenario.cycle.count)],
         "max_model_len": scenario.server.max_model_len,
@@ -69,7 +73,8 @@ def ask_engine(engine: EngineInfo, requests: list[dict[str, Any]], cache: Path |
     missing = [i for i, answer in enumerate(answers) if answer is None]
     if not missing:
         return [a for a in answers if a is not None]
-    env = builder_env({k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    # Never a download: what is not on this machine is skipped and said so (HF_HUB_OFFLINE also spares the retries).
+    env = builder_env({k: v for k, v in os.environ.items() if k != "PYTHONPATH"}) | {"HF_HUB_OFFLINE": "1"}
     try:
         proc = subprocess.run(
             [engine.python, "-m", "specwake.worker.validate"],
@@ -115,6 +120,9 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
         raise ScenarioError(
             file, key, f"{what}, longer than max_model_len {limit}: the server would refuse it (HTTP 400)"
         )
+    if answer.get("semantic_problem"):
+        reason = f"vLLM {version}'s SpeculativeConfig refuses it: {answer['semantic_problem']}"
+        raise ScenarioError(file, "speculative", reason)
     unknown = answer.get("unknown_tensors") or []
     if unknown:
         reason = f"{', '.join(map(repr, unknown))} names no tensor of the checkpoint: nothing would be scaled"
@@ -133,7 +141,9 @@ def validate_variants(checks: Sequence[Check], cache: Path | None, events: Event
         by_python.setdefault(engine.python, []).append(index)
     answers: dict[int, dict[str, Any]] = {}
     for indices in by_python.values():
-        requests = [request_for(checks[i][0], checks[i][1], checks[i][3], checks[i][4]) for i in indices]
+        requests = [
+            request_for(checks[i][0], checks[i][1], checks[i][3], checks[i][4], checks[i][2].is_gpu) for i in indices
+        ]
         got = ask_engine(checks[indices[0]][2], requests, cache)
         if isinstance(got, str):
             for i in indices:

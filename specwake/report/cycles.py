@@ -64,16 +64,20 @@ def cost_table(variants: Sequence[VariantResult]) -> list[str]:
     """What each variant's wake costs, side by side: the trade-off of reloading against preserving in host memory."""
     rows = []
     for v in variants:
-        wakes, rss = v.wake_seconds(), v.rss_after_wake()
+        wakes, rss, asleep = v.wake_seconds(), v.rss_after_wake(), v.rss_asleep()
         if wakes or rss:
             seconds = statistics.median(wakes.values()) if wakes else None
             host = statistics.median(rss.values()) / MIB if rss else None
-            rows.append((v.name, seconds, host))
+            held = statistics.median(asleep.values()) / MIB if asleep else None
+            rows.append((v.name, seconds, held, host))
     if not rows:
         return []
-    lines = ["| variant | wake + reload per cycle (s, median) | host RSS after wake (MiB, median) |"]
-    lines.append("| --- | ---: | ---: |")
-    lines += [f"| {cell(name)} | {num(seconds, 3)} | {num(host, 0)} |" for name, seconds, host in rows]
+    lines = [
+        "| variant | wake + reload per cycle (s, median) | host RSS asleep (MiB, median) |"
+        " host RSS after wake (MiB, median) |"
+    ]
+    lines.append("| --- | ---: | ---: | ---: |")
+    lines += [f"| {cell(n)} | {num(s, 3)} | {num(a, 0)} | {num(h, 0)} |" for n, s, a, h in rows]
     return ["", *lines]
 
 

@@ -6,6 +6,7 @@ is plain JSON (no NaN, no torch types).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 from typing import Any
 
@@ -16,6 +17,18 @@ from specwake.worker import push
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
 from specwake.worker.tensors import Reference, data_ptrs, fingerprint
+
+
+def vllm_config_of(runner: Any) -> contextlib.AbstractContextManager[Any]:
+    """The runner's vLLM config made current, as vLLM's own worker does around every load and reload
+    (gpu_worker.py: `with set_current_vllm_config(self.vllm_config)`): /collective_rpc calls a method without it, and
+    `get_current_vllm_config()` raises then, which quantization methods call from process_weights_after_loading."""
+    config = getattr(runner, "vllm_config", None)
+    if config is None:
+        return contextlib.nullcontext()
+    from vllm.config import set_current_vllm_config
+
+    return set_current_vllm_config(config)
 
 
 class SpecwakeWorkerExtension:
@@ -103,10 +116,11 @@ class SpecwakeWorkerExtension:
         runner = self._specwake_runner()
         seen: list[str] = []
         done = {}
-        if "draft" in spec.to:
-            done["draft"] = push.push_draft(runner, spec.scale, seen)
-        if "target" in spec.to:
-            done["target"] = push.push_target(runner, spec.scale, seen)
+        with vllm_config_of(runner):
+            if "draft" in spec.to:
+                done["draft"] = push.push_draft(runner, spec.scale, seen)
+            if "target" in spec.to:
+                done["target"] = push.push_target(runner, spec.scale, seen)
         return asdict(PushAnswer(done, sorted(set(seen)), sorted(set(spec.scale) - set(seen))))
 
     def specwake_emulate_discard(self, fill: str = "zero") -> dict[str, Any]:

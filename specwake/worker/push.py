@@ -19,8 +19,16 @@ def scaled(weights: Iterator[tuple[str, torch.Tensor]], scale: dict[str, float],
         factor = scale.get(name)
         if factor is not None:
             seen.append(name)
-            tensor = tensor * factor
+            tensor = times(tensor, factor)
         yield name, tensor
+
+
+def times(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+    """`tensor` × `factor` in its own dtype. Float8 tensors have no `mul` on CPU (NotImplementedError
+    "mul_cpu_reduced_float"), so those are scaled in float32 and cast back."""
+    if tensor.is_floating_point() and tensor.element_size() == 1:
+        return (tensor.to(torch.float32) * factor).to(tensor.dtype)
+    return tensor * factor
 
 
 def push_draft(runner: Any, scale: dict[str, float], seen: list[str]) -> str:

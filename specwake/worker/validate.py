@@ -45,8 +45,8 @@ def speculative_problems(spec: dict[str, Any]) -> dict[str, Any]:
     return {"valid_keys": valid, "unknown_keys": unknown, "bad_values": bad}
 
 
-def args_problem(model: str, args: list[str]) -> str | None:
-    """vLLM's own `vllm serve` argument parser over `args`; its error message, or None."""
+def _parser() -> Any:
+    """vLLM's own `vllm serve` argument parser, raising ValueError where argparse would exit."""
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     try:
@@ -58,8 +58,13 @@ def args_problem(model: str, args: list[str]) -> str | None:
         def error(self, message: str) -> Any:  # argparse would print usage and exit 2
             raise ValueError(message)
 
+    return make_arg_parser(Parser(prog="vllm serve"))
+
+
+def args_problem(model: str, args: list[str]) -> str | None:
+    """vLLM's own `vllm serve` argument parser over `args`; its error message, or None."""
     try:
-        make_arg_parser(Parser(prog="vllm serve")).parse_args([model, *args])
+        _parser().parse_args([model, *args])
     except (ValueError, SystemExit) as exc:
         return str(exc) or type(exc).__name__
     return None
@@ -132,6 +137,49 @@ def checkpoint_names(models: list[str | None]) -> tuple[set[str] | None, str | N
     return names, None
 
 
+def semantic_problem(model: str, spec: dict[str, Any], serve_args: list[str]) -> tuple[str | None, str | None]:
+    """(what vLLM's own SpeculativeConfig refuses, why the check was skipped): the config built as the server builds
+    it (EngineArgs from the same arguments, then create_speculative_config), which runs the checks of
+    SpeculativeConfig.__post_init__ that a field check never reaches (K against a checkpoint's block size, a method
+    the draft model does not support, ...). Needs the target and the drafter on this machine."""
+    draft = spec.get("model")
+    missing = [m for m in (model, draft) if isinstance(m, str) and local_folder(m) is None]
+    if missing:
+        return None, f"vLLM's SpeculativeConfig: {', '.join(missing)} not on this machine (no local folder or snapshot)"
+    from vllm.config import ParallelConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    parser = _parser()
+    try:
+        parsed = parser.parse_args([model, *serve_args])
+        parsed.model = model  # what `vllm serve MODEL` does with its positional argument
+        engine_args = EngineArgs.from_cli_args(parsed)
+        engine_args.speculative_config = dict(spec)
+        target = engine_args.create_model_config()
+    except Exception as exc:  # noqa: BLE001 - the target's own config is not this check's business
+        return None, f"vLLM's SpeculativeConfig: the target's model config does not build here ({_first(exc)})"
+    try:
+        parallel = ParallelConfig(tensor_parallel_size=engine_args.tensor_parallel_size)
+        engine_args.create_speculative_config(target, parallel)
+    except Exception as exc:  # noqa: BLE001 - vLLM's own refusal, reported as one line
+        return _first(exc), None
+    return None, None
+
+
+def _first(exc: BaseException) -> str:
+    """One line of an exception: for pydantic's ValidationError, its first error's message (the class name alone
+    says nothing), else the first line of its text."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            return str(first.get("msg", "")).removeprefix("Value error, ").splitlines()[0]
+        except (IndexError, AttributeError, TypeError):
+            pass
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
     found: dict[str, Any] = {"vllm": version, "skipped": []}
     found.update(speculative_problems(request.get("speculative") or {}))
@@ -141,6 +189,13 @@ def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
     found["variant_args_error"] = (
         args_problem(request["model"], [*args, *extra]) if extra and not found["args_error"] else None
     )
+    spec = dict(request.get("speculative") or {})
+    found["semantic_problem"] = None
+    if spec and not found["unknown_keys"] and not found["bad_values"] and not found["args_error"]:
+        found["semantic_problem"], skipped = semantic_problem(
+            request["model"], spec, list(request.get("serve_args") or [])
+        )
+        found["skipped"] += [skipped] if skipped else []
     prompts = list(request.get("prompts") or [])
     found["too_long"], skipped = (
         too_long(request["model"], prompts, request.get("max_model_len")) if prompts else (None, None)

@@ -30,6 +30,7 @@ CHECKS = (
     "modules_are_rebound_when_loading_fails",
     "fused_buffers_are_rebuilt_after_finalization",
     "fused_buffers_keep_their_addresses",
+    "draft_attention_scales_survive_the_reload",
 )
 
 
@@ -67,6 +68,7 @@ def test_the_checks_can_fail_on_the_naive_fix(tmp_path: Path) -> None:
     naive = run_checks(overlay_of(NAIVE, tmp_path / "cache"))
     assert naive.get("fused_buffers_are_rebuilt_after_finalization") != "ok"
     assert naive.get("fused_buffers_keep_their_addresses") != "ok"
+    assert naive.get("draft_attention_scales_survive_the_reload") != "ok"
     assert naive.get("shared_embedding_is_never_written") != "ok"
 
 
@@ -80,3 +82,16 @@ def test_the_address_check_fails_on_a_fix_that_rebuilds_into_new_storage(tmp_pat
     outcomes = run_checks(overlay_of(moved, tmp_path / "cache"))
     assert outcomes.get("fused_buffers_are_rebuilt_after_finalization") == "ok"
     assert "the fused buffer moved to new storage" in outcomes.get("fused_buffers_keep_their_addresses", "")
+
+
+def test_the_scale_check_fails_on_a_fix_that_leaves_finalize_s_scales(tmp_path: Path) -> None:
+    """The reference fix as it was before it put the drafter's attention scales back: they end up at 1.0."""
+    text = PATCH.read_text()
+    restore = "+    _restore_kv_scales(kv_scales)\n"
+    assert restore in text
+    reset = tmp_path / "scales-reset.diff"
+    reset.write_text(text.replace(restore, "+    del kv_scales\n"))  # one line for one: the hunk stays valid
+    outcomes = run_checks(overlay_of(reset, tmp_path / "cache"))
+    assert outcomes.get("fused_buffers_keep_their_addresses") == "ok"
+    failed = outcomes.get("draft_attention_scales_survive_the_reload", "")
+    assert "scales after the reload: (1.0, 1.0, 1.0, 1.0)" in failed

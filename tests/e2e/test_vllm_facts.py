@@ -71,3 +71,22 @@ def test_rmsnorm_with_weight_is_a_parameter() -> None:
     with set_current_vllm_config(VllmConfig()):
         norm = RMSNorm(8)
     assert [(e.name, e.kind, e.unread) for e in inventory(norm)] == [("weight", "parameter", False)]
+
+
+def test_a_push_runs_with_the_workers_vllm_config_current(monkeypatch) -> None:  # noqa: ANN001
+    """vLLM wraps every reload in set_current_vllm_config; /collective_rpc does not, and get_current_vllm_config()
+    raises without it (quantization methods call it while processing weights)."""
+    from vllm.config import VllmConfig, get_current_vllm_config
+
+    from specwake.worker import push
+    from specwake.worker.extension import SpecwakeWorkerExtension
+
+    config = VllmConfig()
+    seen: list[object] = []
+    monkeypatch.setattr(push, "push_target", lambda runner, scale, names: seen.append(get_current_vllm_config()))
+
+    class Worker(SpecwakeWorkerExtension):
+        model_runner = type("Runner", (), {"vllm_config": config})()
+
+    Worker().specwake_push('{"to": ["target"]}')
+    assert seen == [config]

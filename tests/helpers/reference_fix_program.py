@@ -189,6 +189,63 @@ def check_fused_buffers_keep_their_addresses() -> None:
     assert inner.cos is cos and inner.cos.data_ptr() == cos.data_ptr()
 
 
+def attention_layer() -> tuple[nn.Module, object]:
+    """vLLM's own Attention layer (CPU backend), built under a config of a one-layer Llama (a config.json is all
+    ModelConfig reads with skip_tokenizer_init); returns it and the config to finalize under."""
+    import json
+    import tempfile
+
+    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+
+    folder = tempfile.mkdtemp()
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+              "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 1, "intermediate_size": 256,
+              "vocab_size": 260, "max_position_embeddings": 512, "torch_dtype": "float32"}  # fmt: skip
+    with open(f"{folder}/config.json", "w") as handle:
+        json.dump(config, handle)
+    vllm_config = VllmConfig(model_config=ModelConfig(model=folder, dtype="float32", skip_tokenizer_init=True))
+    with set_current_vllm_config(vllm_config):
+        layer = Attention(num_heads=2, head_size=64, scale=0.125, prefix="draft.layers.0.attn")
+    return layer, vllm_config
+
+
+class DraftWithAttention(nn.Module):
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.fc = Linear(4, 4)
+        self.model.attn = attn
+
+    def load_weights(self, weights) -> None:  # noqa: ANN001
+        load_into(self, weights)
+
+
+def check_draft_attention_scales_survive_the_reload() -> None:
+    """Gemma4's speculator copies the target's KV scales into the drafter's attention layers; finalizing a reload
+    re-runs Attention.process_weights_after_loading, which resets them to 1.0. With an FP8 KV cache that is wrong."""
+    from vllm.config import set_current_vllm_config
+
+    attn, vllm_config = attention_layer()
+    target = nn.Module()
+    target.body = Linear(4, 4)
+    draft = DraftWithAttention(attn)
+    record_metadata_for_reloading(target)
+    record_metadata_for_reloading(draft)
+    with torch.no_grad():  # what the proposer copied from the target
+        attn._k_scale.fill_(0.25)
+        attn._v_scale.fill_(0.5)
+    attn._k_scale_float, attn._v_scale_float = 0.25, 0.5
+    attn._k_scale_cpu, attn._v_scale_cpu = torch.tensor(0.25), torch.tensor(0.5)
+    with torch.no_grad():
+        draft.model.fc.weight.zero_()  # an L2 discard
+    with set_current_vllm_config(vllm_config):
+        reload(draft, target, {"model.fc.weight": torch.randn(4, 4)})
+    scales = (float(attn._k_scale), float(attn._v_scale), attn._k_scale_float, attn._v_scale_float)
+    assert scales == (0.25, 0.5, 0.25, 0.5), f"scales after the reload: {scales}"
+    assert (float(attn._k_scale_cpu), float(attn._v_scale_cpu)) == (0.25, 0.5)
+
+
 CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}
 
 if __name__ == "__main__":

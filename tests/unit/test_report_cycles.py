@@ -66,5 +66,15 @@ def test_ledger_and_drift_over_many_cycles() -> None:
 
 def test_cost_table_sets_variants_side_by_side() -> None:
     table = cost_table([replace(BASE, steps=steps(3)), replace(BASE, name="preserve", steps=steps(3, 50.0))])
-    assert table[1] == "| variant | wake + reload per cycle (s, median) | host RSS after wake (MiB, median) |"
-    assert table[3] == "| patched | 0.320 | 1000 |" and table[4] == "| preserve | 0.320 | 1100 |"
+    assert table[1] == (
+        "| variant | wake + reload per cycle (s, median) | host RSS asleep (MiB, median) |"
+        " host RSS after wake (MiB, median) |"
+    )
+    assert table[3] == "| patched | 0.320 | – | 1000 |" and table[4] == "| preserve | 0.320 | – | 1100 |"
+
+
+def test_cost_table_shows_what_a_sleep_holds_in_host_memory() -> None:
+    """--sleep-mode-offload-cudagraph backs CUDA graph memory up to the host while asleep: its cost is there."""
+    asleep = [StepResult(c, "sleep", "POST", "/sleep", 200, 1.0, True, rss_bytes=int(3000 * MIB)) for c in (1, 2, 3)]
+    table = cost_table([replace(BASE, name="offload-graphs", steps=asleep + steps(3))])
+    assert table[3] == "| offload-graphs | 0.320 | 3000 | 1000 |"

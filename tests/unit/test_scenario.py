@@ -97,7 +97,8 @@ def test_patch_flag_adds_a_patched_variant_the_file_may_expect(tmp_path: Path) -
 
 def test_model_paths_are_relative_to_the_scenario_file(tmp_path: Path) -> None:
     folder = tmp_path / "scenarios"
-    folder.mkdir()
+    (folder / "draft").mkdir(parents=True)
+    (tmp_path / "models" / "target").mkdir(parents=True)
     text = MINIMAL.replace('model = "builtin:tiny-llama"', 'model = "../models/target"', 1).replace(
         'model = "builtin:tiny-llama"', 'model = "./draft"'
     )
@@ -106,6 +107,22 @@ def test_model_paths_are_relative_to_the_scenario_file(tmp_path: Path) -> None:
     assert s.speculative["model"] == str(folder / "draft")
     hub = load_scenario(write(folder, MINIMAL.replace("builtin:tiny-llama", "Qwen/Qwen3-8B"), "hub.toml"))
     assert hub.server.model == "Qwen/Qwen3-8B" and hub.speculative["model"] == "Qwen/Qwen3-8B"
+
+
+@pytest.mark.parametrize("key", ["server.model", "speculative.model"])
+def test_a_model_path_that_names_no_folder_is_bad_input_not_a_question_for_the_hub(tmp_path: Path, key: str) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "file").write_text("not a model folder")
+    for ref, phrase in (("./models/missing", "does not exist"), ("./models/file", "is not a folder")):
+        if key == "server.model":
+            text = MINIMAL.replace('model = "builtin:tiny-llama"', f'model = "{ref}"', 1)
+        else:
+            text = MINIMAL.replace(
+                'method = "draft_model"\nmodel = "builtin:tiny-llama"', f'method = "draft_model"\nmodel = "{ref}"'
+            )
+        with pytest.raises(ScenarioError) as info:
+            load_scenario(write(tmp_path, text))
+        assert info.value.key == key and phrase in info.value.reason and "--online" not in str(info.value)
 
 
 @pytest.mark.parametrize(("text", "key", "phrase"), BAD)

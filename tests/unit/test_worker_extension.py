@@ -278,30 +278,28 @@ def test_the_discard_reaches_plain_attributes_and_keeps_buffer_memory() -> None:
     assert after["differ_by_kind"] == {"parameter": 4, "buffer": 0, "attribute": 2} and after["moved"] == 0
 
 
-def _reload_parameters(draft: FusedDraft, saved: dict[str, torch.Tensor]) -> None:
-    with torch.no_grad():
-        for name, param in draft.named_parameters():
-            param.copy_(saved[name])  # in place, as vLLM's layerwise reload does
-
-
-def test_a_reload_that_forgets_the_fused_attribute_leaves_it_differing() -> None:
+def discarded_then_reloaded() -> tuple[FusedWorker, FusedDraft]:
+    """A worker whose fresh fingerprint is kept, then discarded, then its drafter's parameters reloaded in place (as
+    vLLM's layerwise reload does) — and nothing else."""
     worker = FusedWorker()
     draft = worker.model_runner.drafter.model
     saved = {name: p.detach().clone() for name, p in draft.named_parameters()}
     worker.specwake_fingerprint(save_as="fresh")
     worker.specwake_emulate_discard()
-    _reload_parameters(draft, saved)
+    with torch.no_grad():
+        for name, param in draft.named_parameters():
+            param.copy_(saved[name])
+    return worker, draft
+
+
+def test_a_reload_that_forgets_the_fused_attribute_leaves_it_differing() -> None:
+    worker, draft = discarded_then_reloaded()
     after = worker.specwake_fingerprint(compare_to="fresh")["draft"]
     assert after["differ"] == 1 and after["differ_names"] == ["_fused"] and after["moved"] == 0
 
 
 def test_tensors_rebuilt_or_rebound_in_new_storage_are_moved_even_with_equal_values() -> None:
-    worker = FusedWorker()
-    draft = worker.model_runner.drafter.model
-    saved = {name: p.detach().clone() for name, p in draft.named_parameters()}
-    worker.specwake_fingerprint(save_as="fresh")
-    worker.specwake_emulate_discard()
-    _reload_parameters(draft, saved)
+    worker, draft = discarded_then_reloaded()
     draft.build()  # torch.cat: a new tensor, where a CUDA graph still reads the old one
     draft.v.weight.data = draft.v.weight.data.clone()  # `param.data = …`: the parameter moves too
     after = worker.specwake_fingerprint(compare_to="fresh")["draft"]
@@ -311,15 +309,22 @@ def test_tensors_rebuilt_or_rebound_in_new_storage_are_moved_even_with_equal_val
 
 
 def test_an_attribute_rebuilt_in_place_neither_differs_nor_moves() -> None:
-    worker = FusedWorker()
-    draft = worker.model_runner.drafter.model
-    saved = {name: p.detach().clone() for name, p in draft.named_parameters()}
-    worker.specwake_fingerprint(save_as="fresh")
-    worker.specwake_emulate_discard()
-    _reload_parameters(draft, saved)
+    worker, draft = discarded_then_reloaded()
     old = draft._fused
     draft.build()
     old.copy_(draft._fused)
     draft._fused = old
     after = worker.specwake_fingerprint(compare_to="fresh")["draft"]
     assert after["differ"] == 0 and after["moved"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float32])
+def test_a_push_scales_float8_checkpoint_tensors_too(dtype: torch.dtype) -> None:
+    """CPU float8 tensors have no mul: a perturbed push of an FP8 checkpoint must not crash the worker."""
+    from specwake.worker import push
+
+    weight = torch.tensor([0.5, -1.0, 2.0, 0.25]).to(dtype)
+    seen: list[str] = []
+    ((name, pushed),) = push.scaled(iter([("w", weight)]), {"w": 2.0}, seen)
+    assert name == "w" and seen == ["w"] and pushed.dtype == dtype
+    assert torch.equal(pushed.to(torch.float32), torch.tensor([1.0, -2.0, 4.0, 0.5]))
