@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from specwake.worker.finders import find_draft
+from specwake.worker.finders import find_draft, find_target
 
 
 def scaled(weights: Iterator[tuple[str, torch.Tensor]], scale: dict[str, float], seen: list[str]) -> Iterator:
@@ -32,13 +32,13 @@ def times(tensor: torch.Tensor, factor: float) -> torch.Tensor:
 
 
 def push_draft(runner: Any, scale: dict[str, float], seen: list[str]) -> str:
-    """Push the drafter's checkpoint tensors into the live drafter through vLLM's layerwise lifecycle (a plain
-    load_weights fails on CPU, where weights were repacked after the first load)."""
+    """Push the drafter's checkpoint tensors into the live drafter by the rules vLLM's draft reload follows
+    (specwake.worker.draft_load, the very file the reference fix adds to vLLM): target modules shared into the drafter
+    unbound while it loads, a tied head refilled, fused buffers rebuilt in place, attention scales kept. A plain
+    load_weights fails on CPU, where weights were repacked after the first load, and crashes a Gemma4 drafter."""
     from vllm.model_executor.model_loader import get_model_loader
-    from vllm.model_executor.model_loader.reload.layerwise import (
-        finalize_layerwise_reload,
-        initialize_layerwise_reload,
-    )
+
+    from specwake.worker.draft_load import load_draft_weights_inplace
 
     config = runner.vllm_config
     draft, spec = find_draft(runner), config.speculative_config
@@ -51,11 +51,9 @@ def push_draft(runner: Any, scale: dict[str, float], seen: list[str]) -> str:
     except ImportError:
         load_config = config.load_config
     weights = _all_weights(get_model_loader(load_config))(spec.draft_model_config, draft)
-    load_weights: Any = draft.load_weights
-    initialize_layerwise_reload(draft)
-    load_weights(scaled(weights, scale, seen))
-    finalize_layerwise_reload(draft, spec.draft_model_config)
-    return "pushed"
+    return "pushed: " + load_draft_weights_inplace(
+        draft, find_target(runner), spec.draft_model_config, scaled(weights, scale, seen)
+    )
 
 
 def _all_weights(loader: Any) -> Any:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from specwake.prepare.scenario import Scenario, load_scenario
-from tests.helpers.paths import REPO
+from tests.helpers.paths import REFERENCE_FIX, REPO
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -89,3 +89,41 @@ def test_the_gpu_extra_pins_a_tested_vllm_range_and_the_readme_says_so() -> None
     readme = (REPO / "README.md").read_text()
     assert "pip install -e '.[gpu]'" in readme and f"vLLM {low}" in readme
     assert "upstream fix" in readme  # what to change when the range moves
+
+
+def _new_file_in_patch(patch: str, path: str) -> str:
+    """The text a unified diff creates at `path` (a new-file section: every line added)."""
+    section = patch.split(f"+++ b/{path}\n", 1)[1].split("\ndiff --git ", 1)[0]
+    lines = section.splitlines()
+    assert lines[0].startswith("@@ -0,0 "), lines[0]
+    return "".join(line[1:] + "\n" for line in lines[1:] if not line.startswith("\\"))
+
+
+def test_the_reference_fix_loads_drafters_with_the_code_pushes_run() -> None:
+    """One set of rules for loading a drafter next to its target: the reference fix's reload/draft.py
+    is specwake/worker/draft_load.py under vLLM's licence header, so a weight push into a drafter
+    (worker/push.py) and a reload after wake cannot drift apart."""
+    patch = REFERENCE_FIX.read_text()
+    shipped = _new_file_in_patch(patch, "vllm/model_executor/model_loader/reload/draft.py")
+    header, body = shipped.split("\n", 2)[:2], shipped.split("\n", 2)[2]
+    assert header[0].startswith("# SPDX-License-Identifier")
+    assert body == (REPO / "specwake" / "worker" / "draft_load.py").read_text()
+    assert "+from .draft import load_draft_weights_inplace\n" in patch  # inplace.py calls it
+
+
+def test_the_push_matrix_holds_every_cpu_family() -> None:
+    """Every CPU family scenario has a push scenario (scenarios/cpu/push-*.toml) with the same target and drafter,
+    and each pushes into target and drafter expecting recover."""
+    cpu = sorted((SCENARIOS / "cpu").glob("*.toml"))
+    pushes = [load_scenario(p) for p in cpu if p.name.startswith("push-")]
+
+    def models(s: Scenario) -> tuple[str, str | None, str]:
+        return (s.server.model, s.speculative.get("model"), s.speculative["method"])
+
+    families = {models(load_scenario(p)) for p in cpu if not p.name.startswith("push-")}
+    assert len(families) == 5
+    assert families <= {models(s) for s in pushes}
+    for s in pushes:
+        assert s.cycle.reload == "push"
+        full = [v for v in s.variants if set(v.push_to) == {"target", "draft"} and not v.push_scale]
+        assert [v.expected for v in full] == ["recover"], s.name
