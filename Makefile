@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.specwake-installed
 
-.PHONY: install demo families check test lint clean
+.PHONY: install demo families push sync check test lint clean
 
 install: $(STAMP)
 
@@ -22,11 +22,19 @@ demo: install
 	$(BIN)/specwake run scenarios/tiny-cpu.toml
 
 # Every drafter family that runs on CPU, stock vLLM against the reference fix: one combined report.
-# (scenarios/cpu/push-*.toml, the RL trainers' weight push, are run on their own.)
-FAMILIES := $(filter-out scenarios/cpu/push-%,$(wildcard scenarios/cpu/*.toml))
+# (The RL weight updates, push-*.toml and sync-*.toml, have their own targets below.)
+FAMILIES := $(filter-out scenarios/cpu/push-% scenarios/cpu/sync-%,$(wildcard scenarios/cpu/*.toml))
 
 families: install
 	$(BIN)/specwake run $(FAMILIES)
+
+# Every CPU family after weights pushed by specwake's worker extension, the way trainers did it before vLLM 0.26.
+push: install
+	$(BIN)/specwake run $(wildcard scenarios/cpu/push-*.toml)
+
+# Every CPU family after weights synced through vLLM's weight-transfer API, target session then draft session.
+sync: install
+	$(BIN)/specwake run $(wildcard scenarios/cpu/sync-*.toml)
 
 # The unit tier: in-process, no server, no subprocess; under a minute. Run it after every change.
 check: install

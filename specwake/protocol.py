@@ -19,10 +19,16 @@ FINGERPRINT = "specwake_fingerprint"
 MEMORY = "specwake_memory"
 DISCARD = "specwake_emulate_discard"
 PUSH = "specwake_push"
+TRANSFER_MANIFEST = "specwake_transfer_manifest"
 RELOAD = "reload_weights"
 FRESH = "fresh"  # the name the workers keep the fresh fingerprints under
 ROLES = ("target", "draft")
 KINDS = ("parameter", "buffer", "attribute")  # every tensor a model holds, by what an L2 sleep does with it
+
+# -- vLLM's weight-transfer API (vllm/entrypoints/rl/online/api_router.py, mounted with VLLM_SERVER_DEV_MODE=1) --------
+TRANSFER_BACKEND = "specwake_file"  # specwake's transport engine (specwake.worker.transfer), registered in the workers
+SLEEP_METRIC = "vllm:sleep_mode_operation_duration_seconds"  # histograms vLLM's API server keeps per `operation`
+TRANSFER_METRIC = "vllm:rl_weight_update_operation_duration_seconds"
 
 
 # -- cycle steps -------------------------------------------------------------------------------------------------------
@@ -40,6 +46,8 @@ class StepKind:
     restores: bool = False  # weights must be back as fresh after it: target (and drafter) are judged there
     fingerprints: bool = False  # weights are resident after it: fingerprints may be read (never mid-sleep)
     memory: bool = False  # device memory is read after it
+    # vLLM's own timing of this call: (histogram, `operation` label), where the server keeps one
+    vllm_metric: tuple[str, str] | None = None
 
     @property
     def point(self) -> str:
@@ -47,25 +55,46 @@ class StepKind:
         return f"after {self.name}"
 
 
-SLEEP = StepKind("sleep", "POST", "/sleep", memory=True)
+SLEEP = StepKind("sleep", "POST", "/sleep", memory=True, vllm_metric=(SLEEP_METRIC, "sleep"))
 DISCARD_STEP = StepKind("discard", "POST", "/collective_rpc", rpc=DISCARD, fingerprints=True)
-WAKE_WEIGHTS = StepKind("wake_weights", "POST", "/wake_up", wakes=True, memory=True)
+WAKE_WEIGHTS = StepKind("wake_weights", "POST", "/wake_up", wakes=True, memory=True,
+                        vllm_metric=(SLEEP_METRIC, "wake"))  # fmt: skip
 RELOAD_STEP = StepKind(RELOAD, "POST", "/collective_rpc", rpc=RELOAD, wakes=True, restores=True, fingerprints=True,
                        memory=True)  # fmt: skip
 PUSH_STEP = StepKind("push", "POST", "/collective_rpc", rpc=PUSH, wakes=True, restores=True, fingerprints=True,
                      memory=True)  # fmt: skip
-WAKE_KV_CACHE = StepKind("wake_kv_cache", "POST", "/wake_up", wakes=True, memory=True)
-WAKE_UP = StepKind("wake_up", "POST", "/wake_up", wakes=True)  # level 1: everything at once
+# A weight sync through vLLM's weight-transfer API: the engine initialized once per server, then one session per model
+# (target, then drafter), each start → update_weights per chunk → finish. The weights are judged at SYNC_POINT, after
+# the last session's finish: so a drafter session that writes into the target is caught too.
+INIT_TRANSFER = StepKind("init_weight_transfer_engine", "POST", "/init_weight_transfer_engine",
+                         vllm_metric=(TRANSFER_METRIC, "init"))  # fmt: skip
+START_UPDATE = StepKind("start_weight_update", "POST", "/start_weight_update", wakes=True,
+                        vllm_metric=(TRANSFER_METRIC, "start"))  # fmt: skip
+START_DRAFT_UPDATE = StepKind("start_draft_weight_update", "POST", "/start_draft_weight_update", wakes=True,
+                              vllm_metric=(TRANSFER_METRIC, "start_draft"))  # fmt: skip
+UPDATE_WEIGHTS = StepKind("update_weights", "POST", "/update_weights", wakes=True,
+                          vllm_metric=(TRANSFER_METRIC, "update"))  # fmt: skip
+FINISH_UPDATE = StepKind("finish_weight_update", "POST", "/finish_weight_update", wakes=True,
+                         vllm_metric=(TRANSFER_METRIC, "finish"))  # fmt: skip
+WAKE_KV_CACHE = StepKind("wake_kv_cache", "POST", "/wake_up", wakes=True, memory=True,
+                         vllm_metric=(SLEEP_METRIC, "wake"))  # fmt: skip
+WAKE_UP = StepKind("wake_up", "POST", "/wake_up", wakes=True,
+                   vllm_metric=(SLEEP_METRIC, "wake"))  # level 1: everything at once  # fmt: skip
 RESET_PREFIX_CACHE = StepKind("reset_prefix_cache", "POST", "/reset_prefix_cache")
 
-STEPS = (SLEEP, DISCARD_STEP, WAKE_WEIGHTS, RELOAD_STEP, PUSH_STEP, WAKE_KV_CACHE, WAKE_UP, RESET_PREFIX_CACHE)
+STEPS = (
+    SLEEP, DISCARD_STEP, WAKE_WEIGHTS, RELOAD_STEP, PUSH_STEP,
+    INIT_TRANSFER, START_UPDATE, START_DRAFT_UPDATE, UPDATE_WEIGHTS, FINISH_UPDATE,
+    WAKE_KV_CACHE, WAKE_UP, RESET_PREFIX_CACHE,
+)  # fmt: skip
 STEP_BY_NAME = {step.name: step for step in STEPS}
 
 FRESH_POINT = "after fresh"  # after the fresh stage: the fingerprints kept to compare with
 BEFORE_SLEEP = "before sleep"
-FINGERPRINT_POINTS = frozenset({FRESH_POINT, *(s.point for s in STEPS if s.fingerprints)})
-MEMORY_POINTS = frozenset({BEFORE_SLEEP, *(s.point for s in STEPS if s.memory)})
-RESTORE_POINTS = tuple(s.point for s in STEPS if s.restores)
+SYNC_POINT = "after weight sync"  # after the last session of a sync: weights are judged there, like after a reload
+FINGERPRINT_POINTS = frozenset({FRESH_POINT, SYNC_POINT, *(s.point for s in STEPS if s.fingerprints)})
+MEMORY_POINTS = frozenset({BEFORE_SLEEP, SYNC_POINT, *(s.point for s in STEPS if s.memory)})
+RESTORE_POINTS = (*(s.point for s in STEPS if s.restores), SYNC_POINT)
 WAKE_STEPS = tuple(s.name for s in STEPS if s.wakes)
 AWAKE_POINT = WAKE_KV_CACHE.point  # the last point of an L2 wake where memory is read
 
@@ -79,24 +108,37 @@ def _known(cls: type, data: Any) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names} if isinstance(data, dict) else {}
 
 
+PUSH_VIA = "push"  # specwake's worker extension loads the tensors (specwake_push)
+SYNC_VIA = "weight_transfer"  # vLLM's weight-transfer API, one session per model
+
+
 @dataclass(frozen=True)
 class PushRequest:
-    """A weight push: which models get their checkpoint's tensors, and tensor name → factor to scale on the way."""
+    """New weights after the wake, as RL trainers send them: which models get their checkpoint's tensors, tensor
+    name → factor to scale on the way, and how they travel (`via`: specwake's push, or vLLM's weight-transfer API)."""
 
     to: tuple[str, ...] = ("target",)
     scale: dict[str, float] = field(default_factory=dict)
+    via: str = PUSH_VIA
 
     def to_json(self) -> str:
         """As /collective_rpc carries it (a string argument)."""
         return json.dumps({"to": list(self.to), "scale": dict(self.scale)}, sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"to": list(self.to), "scale": dict(self.scale)}
+        """For result files; `via` only for a sync (results of a push read as they always did)."""
+        data: dict[str, Any] = {"to": list(self.to), "scale": dict(self.scale)}
+        return data | ({"via": self.via} if self.via != PUSH_VIA else {})
+
+    @property
+    def syncs(self) -> bool:
+        return self.via == SYNC_VIA
 
     @classmethod
     def from_dict(cls, data: Any) -> PushRequest:
         data = data if isinstance(data, dict) else {}
-        return cls(tuple(data.get("to") or ("target",)), dict(data.get("scale") or {}))
+        to, scale = tuple(data.get("to") or ("target",)), dict(data.get("scale") or {})
+        return cls(to, scale, str(data.get("via") or PUSH_VIA))
 
     @classmethod
     def from_json(cls, text: str) -> PushRequest:
@@ -114,6 +156,27 @@ class PushAnswer:
     @classmethod
     def from_dict(cls, data: Any) -> PushAnswer:
         return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class TransferChunk:
+    """One /update_weights call of a sync: checkpoint tensors of one model, read by name from one safetensors file
+    of its checkpoint (specwake's transport; see specwake.worker.transfer)."""
+
+    role: str  # "target" | "draft": the session it belongs to
+    file: str
+    names: tuple[str, ...]
+
+    def update_info(self) -> dict[str, Any]:
+        """The body's `update_info`, as the engine parses it."""
+        return {"file": self.file, "names": list(self.names)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role} | self.update_info()
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TransferChunk:
+        return cls(str(data["role"]), str(data["file"]), tuple(data["names"]))
 
 
 @dataclass(frozen=True)

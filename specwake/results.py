@@ -52,7 +52,7 @@ class StepResult:
     """One timed step of a sleep/wake cycle."""
 
     cycle: int
-    name: str  # sleep | discard | wake_weights | reload_weights | push | wake_kv_cache | reset_prefix_cache
+    name: str  # a protocol.STEPS name: sleep | discard | wake_weights | reload_weights | push | ...
     method: str
     path: str
     status: int | None  # HTTP status, None when no answer came
@@ -61,6 +61,7 @@ class StepResult:
     error: str | None = None
     response: Any = None
     rss_bytes: int | None = None  # host RSS of the server's process group right after the step
+    vllm_seconds: float | None = None  # the call's own duration by vLLM's metrics (protocol.StepKind.vllm_metric)
 
 
 @dataclass(frozen=True)

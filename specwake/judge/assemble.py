@@ -28,7 +28,7 @@ from specwake.judge.weights import restored
 from specwake.prepare.plan import redact_env
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant
-from specwake.protocol import PushRequest
+from specwake.protocol import PUSH_VIA, SYNC_VIA, PushRequest
 from specwake.results import INCOMPLETE, ScenarioResult, StageResult, StepResult, VariantResult
 
 
@@ -57,10 +57,12 @@ class VariantRecord:
 
 
 def push_of(scenario: Scenario, prep: PreparedVariant) -> PushRequest | None:
-    """The variant's weight push, when its cycles push instead of reloading."""
-    if scenario.cycle.reload != "push":
+    """The variant's weight push or sync, when its cycles push or sync instead of reloading."""
+    reload = scenario.cycle.reload
+    if reload == "reload_weights":
         return None
-    return PushRequest(prep.variant.push_to, dict(prep.variant.push_scale))
+    via = SYNC_VIA if reload == "weight_transfer" else PUSH_VIA
+    return PushRequest(prep.variant.push_to, dict(prep.variant.push_scale), via)
 
 
 def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantRecord) -> VariantResult:

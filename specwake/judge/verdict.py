@@ -165,8 +165,8 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "corrupt",
-        "a post-cycle completion differs from fresh, or the target's weights differ from fresh after a reload or push"
-        " (not for a perturbed push, which changes them on purpose)",
+        "a post-cycle completion differs from fresh, or the target's weights differ from fresh after a reload, push or"
+        " sync (not for a perturbed push, which changes them on purpose)",
         lambda f: not f.perturbed and (diverged(f.stages) is not None or f.target_restored is False),
     ),
     Rule("floor", "the variant runs without speculation", lambda f: not f.speculative),

@@ -12,6 +12,7 @@ from typing import Any
 from specwake.protocol import (
     AWAKE_POINT,
     BEFORE_SLEEP,
+    FRESH_POINT,
     RESTORE_POINTS,
     ROLES,
     SLEEP,
@@ -135,6 +136,51 @@ def weights_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None
     line = f"{role}: {text} after {rs[0].what} in {_cycles([r.cycle for r in rs])}"
     line += "".join(f"; {t} in {_cycles([r.cycle for r in g])}" for t, g in rest)
     return line + (f" ({notes})" if notes else "")
+
+
+CHECKER = "vLLM's /weight_checker (SHA-256 of the target's parameters; no drafter, no buffers)"
+
+
+def _param_differ(entry: dict[str, Any]) -> int | None:
+    """Target parameters specwake's fingerprint found not back as fresh at this entry, over every rank."""
+    parts = [_role(fp, "target") for fp in entry.get("fingerprints") or []]
+    if not parts or any(p is None or not p.compares for p in parts):
+        return None
+    return sum(p.differ_by_kind.get("parameter", 0) + p.packed_discarded for p in parts if p is not None)
+
+
+def checker_line(diagnostics: Sequence[dict[str, Any]]) -> str | None:
+    """What vLLM's own /weight_checker said after each weight sync, and whether specwake's fingerprint of the
+    target's parameters agrees; None when it was never asked (no sync)."""
+    asked = [e for e in diagnostics if isinstance(e.get("weight_checker"), dict)]
+    if not asked:
+        return None
+    fresh: dict[str, Any] = next((e["weight_checker"] for e in asked if e.get("point") == FRESH_POINT), {})
+    if fresh.get("offered") is False:
+        return f"{CHECKER}: not offered by this server (vLLM 0.32 and later; HTTP {fresh.get('status')})"
+    if "error" in fresh:
+        return f"{CHECKER}: failed when fresh: {fresh['error']}"
+    parts, matched, agree = [], [], []
+    for entry in (e for e in asked if e.get("point") in RESTORE_POINTS):
+        found, cycle = entry["weight_checker"], int(entry.get("cycle", 0))
+        if "error" in found:
+            parts.append(f"failed in cycle {cycle}: {found['error']}")
+            continue
+        ours = _param_differ(entry)
+        if ours is not None:
+            agree.append((ours == 0) == bool(found.get("match")))
+        if found.get("match"):
+            matched.append(cycle)
+        else:
+            names = ", ".join(found.get("names") or [])
+            differ = f"{found.get('mismatches')}/{found.get('parameters')}"
+            parts.append(f"{differ} parameters differ from fresh in cycle {cycle} ({names})")
+    if matched:
+        parts.insert(0, f"matches fresh after the sync in {_cycles(matched)}")
+    verdict = ""
+    if agree:
+        verdict = " — specwake's fingerprint agrees" if all(agree) else " — specwake's fingerprint disagrees"
+    return f"{CHECKER}: {'; '.join(parts) or 'not compared'}{verdict}"
 
 
 def restored(diagnostics: Sequence[dict[str, Any]], role: str) -> bool | None:

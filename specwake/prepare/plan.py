@@ -13,6 +13,8 @@ from typing import Any
 
 from specwake.errors import PlatformMismatch
 from specwake.prepare.scenario import Scenario, Variant
+from specwake.prepare.scenario_file import TRANSFER_FLAG
+from specwake.protocol import TRANSFER_BACKEND
 
 WORKER_EXTENSION = "specwake.worker.extension.SpecwakeWorkerExtension"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # deprecated upstream; kept where `vllm serve` cannot run
@@ -144,6 +146,8 @@ def build_server_command(
         spec = speculative_config(scenario, draft_model)
         argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
     argv += ["--worker-extension-cls", WORKER_EXTENSION]
+    if scenario.cycle.reload == "weight_transfer":  # the engine the workers create at load; the extension registers it
+        argv += [TRANSFER_FLAG, json.dumps({"backend": TRANSFER_BACKEND}, separators=(",", ":"))]
     # usage.prompt_tokens_details.cached_tokens: how the prefix-cache probe sees stale hashes after a wake
     argv.append("--enable-prompt-tokens-details")
     if sleep_mode:

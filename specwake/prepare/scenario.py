@@ -130,7 +130,7 @@ def _error_from_validation(file: str, exc: ValidationError) -> ScenarioError:
     more = len(exc.errors()) - 1
     if more:
         msg += f" (+{more} more problem{'s' if more > 1 else ''})"
-    if msg.startswith(("expect.", "cycle.", "variants.")):  # a model-level check already carries its key
+    if msg.startswith(("expect.", "cycle.", "variants.", "server.")):  # a model-level check already carries its key
         loc, msg = msg.split(": ", 1)
     return ScenarioError(file, loc, msg)
 

@@ -33,6 +33,9 @@ RESERVED_FLAGS = {
     "--enable-sleep-mode": "specwake enables sleep mode where the platform supports it",
 }
 
+TRANSFER_FLAG = "--weight-transfer-config"
+NO_DRAFT_MODEL = {"ngram", "suffix"}  # speculative methods without a drafter model: nothing to push or sync into
+
 # Numeric keys of [expect] besides the per-variant expectations: allowed range [low, high), or (low, high)
 # for those in POSITIVE (a floor of 0 would pass any speed).
 EXPECT_NUMBERS = {
@@ -123,9 +126,10 @@ class CycleSection(_Strict):
     # A list runs every variant once per level (its name gets "-L1", "-L2"): L1 and L2 side by side.
     level: Level | list[Level] = 2
     count: int = Field(default=2, ge=1)
-    # How weights come back after the wake: vLLM's reload_weights from disk, or pushed into the live models
-    # through load_weights, as RL trainers do (verl, NeMo-RL, TRL).
-    reload: Literal["reload_weights", "push"] = "reload_weights"
+    # How weights come back after the wake: vLLM's reload_weights from disk; pushed into the live models through
+    # load_weights by specwake's worker extension, as RL trainers did (verl, NeMo-RL, TRL); or synced through vLLM's
+    # own weight-transfer API, one session per model in push_to, as trainers do since vLLM 0.26 (SkyRL, vime).
+    reload: Literal["reload_weights", "push", "weight_transfer"] = "reload_weights"
     push_to: list[PushTarget] = Field(default_factory=lambda: _TARGET_ONLY.copy())
     discard: Literal["auto", "native", "emulated"] = "auto"
     # What an emulated discard leaves in the parameters. A real L2 wake on CUDA hands back memory it did not
@@ -151,7 +155,9 @@ class VariantSection(_Strict):
     # false: the same server without --speculative-config, measured the same way — the no-speculation floor a
     # collapse falls to. Its outcome is `floor`, never judged.
     speculative: bool = True
-    push_to: list[PushTarget] | None = None  # with [cycle] reload = "push": this variant's push (default: cycle's)
+    # with [cycle] reload = "push" or "weight_transfer": the models this variant's push or sync reaches (default: the
+    # cycle's push_to)
+    push_to: list[PushTarget] | None = None
     # A perturbed push: checkpoint tensor name → factor, applied to target and drafter alike. The output must then
     # change while AL stays: proof that the drafter follows the new weights.
     push_scale: dict[str, float] = Field(default_factory=dict)
@@ -230,10 +236,26 @@ class ScenarioFile(_Strict):
 
     @model_validator(mode="after")
     def _push_keys_need_push(self) -> ScenarioFile:
-        if self.cycle.reload == "push":
+        reload = self.cycle.reload
+        if reload == "weight_transfer":
+            places = [("server.args", self.server.args)]
+            places += [(f"variants.{name}.args", v.args) for name, v in self.variants.items()]
+            for key, args in places:
+                if any(arg.split("=", 1)[0] == TRANSFER_FLAG for arg in args):
+                    raise ValueError(f'{key}: {TRANSFER_FLAG} is set by specwake with cycle.reload = "weight_transfer"')
+        if reload in ("push", "weight_transfer"):
+            for name, section in self.variants.items():
+                if "draft" in (section.push_to or self.cycle.push_to):
+                    if not section.speculative:
+                        raise ValueError(f"variants.{name}.push_to: 'draft' needs a drafter (speculative = false)")
+                    if self.speculative.get("method") in NO_DRAFT_MODEL:
+                        method = self.speculative["method"]
+                        raise ValueError(f"variants.{name}.push_to: 'draft' needs a drafter model ({method} has none)")
+                if reload == "weight_transfer" and section.push_scale:
+                    raise ValueError(f'variants.{name}.push_scale: only with cycle.reload = "push"')
             return self
         if "push_to" in self.cycle.model_fields_set:
-            raise ValueError('cycle.push_to: only with cycle.reload = "push"')
+            raise ValueError('cycle.push_to: only with cycle.reload = "push" or "weight_transfer"')
         for name, section in self.variants.items():
             for key in ("push_to", "push_scale"):
                 if key in section.model_fields_set:

@@ -22,6 +22,7 @@ from specwake.prepare.engine import EngineInfo, install_stamp
 from specwake.prepare.models import builder_env
 from specwake.prepare.plan import model_flags, speculative_config
 from specwake.prepare.scenario import Scenario, Variant
+from specwake.prepare.scenario_file import TRANSFER_FLAG
 from specwake.run.measure import probe_prompt
 
 TIMEOUT_S = 300.0
@@ -44,6 +45,8 @@ def request_for(
         "prompts": [*scenario.prompts, probe_prompt(scenario.cycle.count)],
         "max_model_len": scenario.server.max_model_len,
         "push_scale": [name for name, _ in variant.push_scale],
+        "syncs": scenario.cycle.reload == "weight_transfer",
+        "draft_session": scenario.cycle.reload == "weight_transfer" and "draft" in variant.push_to,
     }
 
 
@@ -120,6 +123,12 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
         raise ScenarioError(
             file, key, f"{what}, longer than max_model_len {limit}: the server would refuse it (HTTP 400)"
         )
+    if answer.get("transfer_problem"):
+        problem = str(answer["transfer_problem"])
+        if problem.startswith("--weight-transfer-config"):
+            where = f"variants.{variant.name}.args" if TRANSFER_FLAG in " ".join(variant.args) else "server.args"
+            raise ScenarioError(file, where, f"vLLM {version}: {problem}")
+        raise ScenarioError(file, "cycle.reload", f'"weight_transfer": vLLM {version}: {problem}')
     if answer.get("semantic_problem"):
         reason = f"vLLM {version}'s SpeculativeConfig refuses it: {answer['semantic_problem']}"
         raise ScenarioError(file, "speculative", reason)

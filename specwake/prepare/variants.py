@@ -23,7 +23,7 @@ from specwake.prepare.overlay import Overlay, PatchInfo, build_overlay, inspect_
 from specwake.prepare.plan import VariantPlan, build_server_command, build_server_env, redact_env, resolve_discard
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.prepare.validate import validate_variants
-from specwake.protocol import PushRequest
+from specwake.protocol import PUSH_VIA, ROLES, SYNC_VIA, PushRequest
 from specwake.run.cycle import cycle_steps
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder that holds the specwake package
@@ -224,7 +224,10 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     w, c = scenario.workload, scenario.cycle
     source = w.prompts if isinstance(w.prompts, str) else "the scenario file"
     emulated = any(p.l2_discard == "emulated" for p in prepared)
-    push = PushRequest() if c.reload == "push" else None
+    push = None
+    if c.reload != "reload_weights":  # every model some variant pushes into or syncs
+        to = tuple(r for r in ROLES if any(r in p.variant.push_to for p in prepared))
+        push = PushRequest(to or ("target",), via=SYNC_VIA if c.reload == "weight_transfer" else PUSH_VIA)
     steps = "; ".join(
         f"L{level}: " + " → ".join(step.name for step in cycle_steps(level, emulated, c.discard_fill, push))
         for level in c.levels
@@ -243,11 +246,13 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
         *(f"    {rule.outcome:<9} {rule.text}" for rule in RULES),
         f"    here: recover needs every post-cycle AL ≥ {bound:.0%} of fresh (tolerance {scenario.tolerance:g}),"
         f" collapse is AL ≤ {COLLAPSE_AL:.2f}",
-        f"  findings: tensors in new storage after a reload or push: {graphs}; a stale prefix cache; [expect] limits",
+        f"  findings: tensors in new storage after a reload, push or sync: {graphs}; a stale prefix cache;"
+        " [expect] limits",
     ]
     for prep in prepared:
         rule = speed_rule(scenario.min_speedup_recovery, prep.l2_discard)
-        pushed = f"; pushes to {' and '.join(prep.variant.push_to)}" if c.reload == "push" else ""
+        verb = {"push": "pushes to", "weight_transfer": "syncs through vLLM's weight-transfer API:"}.get(c.reload)
+        pushed = f"; {verb} {' and '.join(prep.variant.push_to)}" if verb else ""
         lines.append(
             f"    {prep.variant.name}: expect {prep.variant.expected}{pushed}; speed {rule.min_ratio:.2f}× fresh"
             f" — {rule.why}"
@@ -294,7 +299,7 @@ def describe(
         lines.append("    argv: " + shlex.join(plan.argv))
         for key, value in sorted(redact_env(plan.env_added).items()):
             lines.append(f"    env: {key}={value}")
-        for note in cpu_no_ops(prep, scenario.cycle.reload == "push"):
+        for note in cpu_no_ops(prep, scenario.cycle.reload != "reload_weights"):
             lines.append(f"    note: {note}")
         if prep.platform_problem:
             lines.append(f"    NOT RUNNABLE HERE: {prep.platform_problem}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 
-from specwake.judge.weights import ROLES, discard_line, memory_line, weights_line
+from specwake.judge.weights import ROLES, checker_line, discard_line, memory_line, weights_line
 from specwake.report.cycles import ledger
 from specwake.report.markdown import MISSING, cell, fenced, inline
 from specwake.results import VariantResult
@@ -26,12 +26,19 @@ def _position_table(variant: VariantResult) -> list[str]:
 
 
 def _step_table(variant: VariantResult) -> list[str]:
+    """Every step with its HTTP status and wall seconds; beside them, where the server keeps them (vLLM 0.32 and
+    later, after the first such call), vLLM's own seconds for the operation."""
     if not variant.steps:
         return []
-    lines = ["Cycle steps:", "", "| cycle | step | HTTP | seconds |", "| ---: | --- | ---: | ---: |"]
+    own = any(st.vllm_seconds is not None for st in variant.steps)
+    head = "| cycle | step | HTTP | seconds |" + (" vLLM's seconds |" if own else "")
+    lines = ["Cycle steps:", "", head, "| ---: | --- | ---: | ---: |" + (" ---: |" if own else "")]
     for st in variant.steps:
         status = MISSING if st.status is None else str(st.status)
-        lines.append(f"| {st.cycle} | {cell(st.name)} | {status}{'' if st.ok else ' ✗'} | {st.seconds:.3f} |")
+        row = f"| {st.cycle} | {cell(st.name)} | {status}{'' if st.ok else ' ✗'} | {st.seconds:.3f} |"
+        if own:
+            row += f" {MISSING if st.vllm_seconds is None else f'{st.vllm_seconds:.3f}'} |"
+        lines.append(row)
     lines += [inline(f"- cycle {st.cycle} {st.name} failed: {st.error}") for st in variant.steps if st.error]
     return lines + [""]
 
@@ -47,7 +54,8 @@ def _diagnostic_lines(variant: VariantResult) -> list[str]:
         lines.append(discarded)
     if variant.diagnostics:
         weights = [weights_line(variant.diagnostics, role) for role in ROLES]
-        lines += [f"- {line}" for line in (*weights, memory_line(variant.diagnostics)) if line is not None]
+        checker = checker_line(variant.diagnostics)
+        lines += [f"- {line}" for line in (*weights, checker, memory_line(variant.diagnostics)) if line is not None]
         lines += [f"- diagnostic at {e.get('point')} failed: {e['error']}" for e in variant.diagnostics if "error" in e]
     return [inline(line) for line in lines if line is not None]
 

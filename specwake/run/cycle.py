@@ -1,8 +1,10 @@
 """One sleep/wake cycle against a running server, every step timed with its HTTP status.
 
 Level 2: sleep → [emulated discard] → wake weights → reload_weights → wake kv_cache → reset prefix cache.
-With a push (RL trainers' weight update) the reload is specwake_push, at either level; level 1 otherwise wakes
-everything at once (its weights were offloaded, not discarded).
+With a push (RL trainers' weight update) the reload is specwake_push, at either level; with a sync through vLLM's
+weight-transfer API it is [init_weight_transfer_engine, first cycle only] → per model (target, then drafter):
+start → update_weights per chunk → finish. Level 1 without either wakes everything at once (its weights were
+offloaded, not discarded).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from specwake import protocol
 from specwake.errors import InputRejected, RequestFailed, RequestTimeout, ServerFault
-from specwake.protocol import PushAnswer, PushRequest, StepKind
+from specwake.protocol import PushAnswer, PushRequest, StepKind, TransferChunk
 from specwake.results import StepResult
 from specwake.run.client import Answer, VllmClient
 
@@ -25,10 +27,17 @@ class Step:
     kind: StepKind
     params: tuple[tuple[str, str], ...] = ()
     rpc_kwargs: tuple[tuple[str, str], ...] = ()
+    body: Any = None  # a JSON body (the weight-transfer calls)
+    ends_sync: bool = False  # the last step of a weight sync: its weights are judged after it
 
     @property
     def name(self) -> str:
         return self.kind.name
+
+    @property
+    def point(self) -> str:
+        """The probe point after this step."""
+        return protocol.SYNC_POINT if self.ends_sync else self.kind.point
 
     @property
     def method(self) -> str:
@@ -43,9 +52,18 @@ class Step:
         return self.kind.rpc
 
 
-def cycle_steps(level: int, emulate_discard: bool, fill: str = "zero", push: PushRequest | None = None) -> list[Step]:
+def cycle_steps(
+    level: int,
+    emulate_discard: bool,
+    fill: str = "zero",
+    push: PushRequest | None = None,
+    *,
+    cycle: int = 1,
+    chunks: dict[str, list[TransferChunk]] | None = None,
+) -> list[Step]:
     """The step sequence of one cycle at the given sleep level. `fill`: what the emulated discard leaves in the
-    parameters (zero | nan | random); `push`: a weight push, which replaces reload_weights."""
+    parameters (zero | nan | random); `push`: a weight push or sync, which replaces reload_weights; `chunks`: a
+    sync's update_weights calls per model (None: one stands for all, as `check` describes it)."""
     sleep = Step(protocol.SLEEP, (("level", str(level)),))
     reset = Step(protocol.RESET_PREFIX_CACHE)
     if level == 1 and push is None:
@@ -53,24 +71,36 @@ def cycle_steps(level: int, emulate_discard: bool, fill: str = "zero", push: Pus
     steps = [sleep]
     if emulate_discard and level == 2:
         steps.append(Step(protocol.DISCARD_STEP, rpc_kwargs=(("fill", fill),)))
-    reload = (
-        Step(protocol.RELOAD_STEP)
-        if push is None
-        else Step(protocol.PUSH_STEP, rpc_kwargs=(("request", push.to_json()),))
-    )
-    steps += [
-        Step(protocol.WAKE_WEIGHTS, (("tags", "weights"),)),
-        reload,
-        Step(protocol.WAKE_KV_CACHE, (("tags", "kv_cache"),)),
-        reset,
-    ]
+    steps.append(Step(protocol.WAKE_WEIGHTS, (("tags", "weights"),)))
+    if push is None:
+        steps.append(Step(protocol.RELOAD_STEP))
+    elif push.syncs:
+        steps += sync_steps(push, cycle, chunks)
+    else:
+        steps.append(Step(protocol.PUSH_STEP, rpc_kwargs=(("request", push.to_json()),)))
+    return [*steps, Step(protocol.WAKE_KV_CACHE, (("tags", "kv_cache"),)), reset]
+
+
+def sync_steps(push: PushRequest, cycle: int, chunks: dict[str, list[TransferChunk]] | None) -> list[Step]:
+    """A weight sync as RL frameworks run it (SkyRL, vime): the transfer engine initialized once, then one session
+    per model, the target's first."""
+    steps = [Step(protocol.INIT_TRANSFER, body={"init_info": {}})] if cycle == 1 else []
+    for role in (r for r in protocol.ROLES if r in push.to):
+        start = protocol.START_DRAFT_UPDATE if role == "draft" else protocol.START_UPDATE
+        sent = (chunks or {}).get(role) or [TransferChunk(role, "…", ())]
+        steps += [
+            Step(start),
+            *(Step(protocol.UPDATE_WEIGHTS, body={"update_info": chunk.update_info()}) for chunk in sent),
+            Step(protocol.FINISH_UPDATE),
+        ]
+    steps[-1] = Step(protocol.FINISH_UPDATE, ends_sync=True)
     return steps
 
 
 def _call(client: VllmClient, step: Step, timeout: float) -> Answer:
     if step.rpc is not None:
         return client.collective_rpc(step.rpc, timeout=timeout, kwargs=dict(step.rpc_kwargs))
-    return client.request(step.method, step.path, params=list(step.params), timeout=timeout)
+    return client.request(step.method, step.path, params=list(step.params), json=step.body, timeout=timeout)
 
 
 def _label(step: Step) -> str:
@@ -87,13 +117,16 @@ def run_cycle(
     step_timeout_s: float,
     fill: str = "zero",
     push: PushRequest | None = None,
-    on_step: Callable[[StepResult], None] | None = None,
+    chunks: dict[str, list[TransferChunk]] | None = None,
+    on_step: Callable[[StepResult, str], None] | None = None,
     host_rss: Callable[[], int | None] = lambda: None,
+    vllm_seconds: Callable[[StepKind], float | None] = lambda kind: None,
 ) -> tuple[list[StepResult], ServerFault | None]:
     """Run every step in order; stop at the first failed one and return it as the fault. `host_rss` is read
-    after every step (the wake ledger)."""
+    after every step (the wake ledger), `vllm_seconds` too: vLLM's own timing of the call, where it keeps one.
+    `on_step` gets each result and the probe point after it."""
     results: list[StepResult] = []
-    for step in cycle_steps(level, emulate_discard, fill, push):
+    for step in cycle_steps(level, emulate_discard, fill, push, cycle=cycle, chunks=chunks):
         fault: ServerFault | None = None
         body: Any = None
         try:
@@ -137,10 +170,11 @@ def run_cycle(
                 error,
                 _keep(body),
                 host_rss(),
+                vllm_seconds(step.kind) if ok else None,
             )
         results.append(result)
         if on_step is not None:
-            on_step(result)
+            on_step(result, step.point)
         if fault is not None:
             return results, fault
     return results, None

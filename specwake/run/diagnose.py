@@ -39,3 +39,36 @@ def take(client: VllmClient, cycle: int, point: str, *, timeout: float) -> dict[
     except ServerFault as exc:
         entry["error"] = str(exc)
     return entry
+
+
+# -- vLLM's own /weight_checker (vLLM >= 0.32): SHA-256 of every target parameter, a second opinion after a sync -------
+
+CHECKER = "/weight_checker"
+CHECKER_NAMES_KEPT = 5
+
+
+def checker_baseline(client: VllmClient, *, timeout: float) -> tuple[dict[str, str] | None, dict[str, Any]]:
+    """The target's parameter checksums by vLLM's /weight_checker, and what to record of them (the checksums
+    themselves stay in memory: thousands of names on a real model)."""
+    try:
+        answer = client.request("POST", CHECKER, json={"action": "checksum"}, timeout=timeout)
+    except ServerFault as exc:
+        return None, {"error": str(exc)}
+    sums = answer.body.get("checksums") if answer.ok and isinstance(answer.body, dict) else None
+    if not isinstance(sums, dict):
+        return None, {"offered": False, "status": answer.status}
+    return sums, {"offered": True, "parameters": len(sums)}
+
+
+def checker_compare(client: VllmClient, baseline: dict[str, str], *, timeout: float) -> dict[str, Any]:
+    """vLLM's comparison of the target's parameters now with `baseline`: match, and which names differ."""
+    try:
+        answer = client.request("POST", CHECKER, json={"action": "compare", "baseline": baseline}, timeout=timeout)
+    except ServerFault as exc:
+        return {"error": str(exc)}
+    body = answer.body if isinstance(answer.body, dict) else {}
+    if not answer.ok or "match" not in body:
+        return {"error": f"HTTP {answer.status}: {body or answer.body!r}"[:300]}
+    names = [str(n) for n in body.get("mismatches") or []]
+    return {"match": bool(body["match"]), "mismatches": len(names), "names": names[:CHECKER_NAMES_KEPT],
+            "parameters": len(baseline)}  # fmt: skip

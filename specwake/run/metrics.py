@@ -1,4 +1,5 @@
-"""Pure metric arithmetic: vLLM's Prometheus text → spec-decode counters → per-stage deltas.
+"""Metric arithmetic: vLLM's Prometheus text → spec-decode counters → per-stage deltas; vLLM's own seconds per
+cycle step.
 
 Acceptance length, per-position and acceptance rates follow vLLM's own definitions (vllm/v1/spec_decode/metrics.py;
 see docs/how-it-works.md).
@@ -6,9 +7,12 @@ see docs/how-it-works.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from specwake.errors import ServerFault
 
 # Exact sample names of vLLM's text exposition (counters carry `_total`; `_created` is ignored).
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -160,3 +164,49 @@ def counter_delta(before: SpecCounters, after: SpecCounters) -> SpecDelta:
         counters_reset=reset,
         num_generation_tokens=_count(after.generation_tokens - base.generation_tokens),
     )
+
+
+OPERATION_LABEL = "operation"
+
+
+def operation_seconds(text: str, histograms: frozenset[str]) -> dict[tuple[str, str], float]:
+    """(histogram, operation) → seconds summed so far, for vLLM's per-operation histograms among `histograms`
+    (e.g. vllm:sleep_mode_operation_duration_seconds). vLLM creates them on first use: absent before."""
+    found: dict[tuple[str, str], float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name not in histograms:
+                continue
+            for sample in family.samples:
+                operation = sample.labels.get(OPERATION_LABEL)
+                if sample.name == family.name + "_sum" and operation is not None:
+                    key = (family.name, operation)
+                    found[key] = found.get(key, 0.0) + sample.value
+    except ValueError:
+        return {}
+    return found
+
+
+class OperationClock:
+    """vLLM's own seconds for each cycle step it times: /metrics read before the cycle and after each timed step,
+    the step's seconds the growth of its operation's sum. None where the server keeps no such histogram."""
+
+    def __init__(self, scrape: Callable[[], str], histograms: frozenset[str]) -> None:
+        self.scrape, self.histograms = scrape, histograms
+        self.sums: dict[tuple[str, str], float] = {}
+
+    def start(self) -> None:
+        self.sums = self._read()
+
+    def _read(self) -> dict[tuple[str, str], float]:
+        try:
+            return operation_seconds(self.scrape(), self.histograms)
+        except ServerFault:
+            return {}
+
+    def seconds(self, metric: tuple[str, str] | None) -> float | None:
+        if metric is None:
+            return None
+        now = self._read()
+        before, self.sums = self.sums.get(metric, 0.0), now
+        return round(now[metric] - before, 4) if metric in now else None

@@ -18,12 +18,14 @@ from specwake.judge.assemble import VariantRecord, judge_variant, push_of
 from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant, check_imports, plan_variant
+from specwake.protocol import TransferChunk
 from specwake.results import StepResult, VariantResult
 from specwake.run import diagnose
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
 from specwake.run.cycle import run_cycle
 from specwake.run.measure import Workload, run_stage, stage_name
+from specwake.run.metrics import OperationClock
 from specwake.run.server import Server, ServerSpec, describe_exit, free_port
 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
@@ -61,6 +63,8 @@ class VariantRun:
         self.client: VllmClient | None = None
         self.completer: Completer | None = None
         self.fresh_completions: list[Completion] = []  # kept to compare tokens and logprobs after each cycle
+        self.chunks: dict[str, list[TransferChunk]] = {}  # a sync's update_weights calls, per model
+        self.checker_sums: dict[str, str] | None = None  # vLLM's /weight_checker checksums when fresh (a sync)
         self.phase = "startup"
         self.completed_phases = 0
         self.started = clock()
@@ -143,6 +147,12 @@ class VariantRun:
         mismatch = check_imports(self.prep, infos)
         if mismatch:
             self._fail(OVERLAY_NOT_USED, mismatch, self.server.log_tail(20))
+        elif self.push is not None and self.push.syncs:
+            # The trainer's side of a sync: what to send, asked of the first worker (every rank reads the same files).
+            timeout = self.scenario.cycle.step_timeout_s
+            for role in self.push.to:
+                answers = client.rpc_results(protocol.TRANSFER_MANIFEST, timeout=timeout, kwargs={"role": role})
+                self.chunks[role] = [TransferChunk.from_dict(c) for c in (answers[0] if answers else [])]
 
     def close(self) -> None:
         """Stop the server (always safe to call, also when it never started)."""
@@ -163,6 +173,8 @@ class VariantRun:
             if index == 0:
                 self._stage(self.client, 0)
                 self._diagnose(self.client, 0, protocol.FRESH_POINT)
+                if self.push is not None and self.push.syncs:
+                    self._checker(self.client, None)
             else:
                 self._cycle(self.client, index)
                 if not self.finished:
@@ -203,18 +215,38 @@ class VariantRun:
             self.record.diagnostics.append(entry)
         self._timed("diagnostics", self.clock() - t0)
 
+    def _checker(self, client: VllmClient, cycle: int | None) -> None:
+        """vLLM's /weight_checker beside specwake's fingerprints: its checksums when fresh (cycle None), its
+        comparison with them after a sync; recorded in the diagnostics entry of that point."""
+        t0, timeout = self.clock(), self.scenario.cycle.step_timeout_s
+        point = protocol.FRESH_POINT if cycle is None else protocol.SYNC_POINT
+        if cycle is None:
+            self.checker_sums, found = diagnose.checker_baseline(client, timeout=timeout)
+        elif self.checker_sums is not None:
+            found = diagnose.checker_compare(client, self.checker_sums, timeout=timeout)
+        else:
+            return
+        entries = [e for e in self.record.diagnostics if e.get("point") == point and e.get("cycle") == (cycle or 0)]
+        if entries:
+            entries[-1]["weight_checker"] = found
+        self._timed("diagnostics", self.clock() - t0)
+
     def _cycle(self, client: VllmClient, k: int) -> None:
         level = self.prep.variant.level
         self.phase = f"L{level} cycle #{k}"
         self.say(f"L{level} cycle #{k}")
         self._diagnose(client, k, protocol.BEFORE_SLEEP)
 
-        def after_step(step: StepResult) -> None:
+        def after_step(step: StepResult, point: str) -> None:
             self.phase = f"L{level} cycle #{k} {step.name}"
             self._timed("cycle_steps", step.seconds)
             if step.ok:
-                self._diagnose(client, k, protocol.STEP_BY_NAME[step.name].point)
+                self._diagnose(client, k, point)
+                if point == protocol.SYNC_POINT:
+                    self._checker(client, k)
 
+        metrics = OperationClock(client.metrics_text, frozenset({protocol.SLEEP_METRIC, protocol.TRANSFER_METRIC}))
+        metrics.start()
         steps, fault = run_cycle(
             client,
             k,
@@ -223,8 +255,10 @@ class VariantRun:
             step_timeout_s=self.scenario.cycle.step_timeout_s,
             fill=self.scenario.cycle.discard_fill,
             push=self.push,
+            chunks=self.chunks,
             on_step=after_step,
             host_rss=self.server.rss_bytes,
+            vllm_seconds=lambda kind: metrics.seconds(kind.vllm_metric),
         )
         self.record.steps.extend(steps)
         if fault is not None:

@@ -7,16 +7,22 @@ is plain JSON (no NaN, no torch types).
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import asdict
 from typing import Any
 
 import torch
 
 from specwake.protocol import Memory, PushAnswer, PushRequest
-from specwake.worker import push
+from specwake.worker import push, transfer
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
 from specwake.worker.tensors import Reference, data_ptrs, fingerprint
+
+if "vllm" in sys.modules:
+    # Imported by vLLM's worker (worker_base.init_worker) before it builds the worker and loads the model, which is
+    # when vLLM creates the weight-transfer engine: register specwake's transport now.
+    transfer.register()
 
 
 def vllm_config_of(runner: Any) -> contextlib.AbstractContextManager[Any]:
@@ -122,6 +128,11 @@ class SpecwakeWorkerExtension:
             if "target" in spec.to:
                 done["target"] = push.push_target(runner, spec.scale, seen)
         return asdict(PushAnswer(done, sorted(set(seen)), sorted(set(spec.scale) - set(seen))))
+
+    def specwake_transfer_manifest(self, role: str = "target") -> list[dict[str, Any]]:
+        """The chunks a weight sync sends for one model's session (specwake.worker.transfer.manifest)."""
+        runner = self._specwake_runner()
+        return [chunk.to_dict() for chunk in transfer.manifest(runner.vllm_config, role)]
 
     def specwake_emulate_discard(self, fill: str = "zero") -> dict[str, Any]:
         """Discard everything of target and drafter that a real L2 sleep discards (specwake.worker.discard)."""

@@ -3,10 +3,10 @@ interpreter, without starting a server: ``python -m specwake.worker.validate < r
 every variant of a run that uses this interpreter: importing vLLM takes seconds, checking takes milliseconds.
 
 Requests: a JSON list of {"model": str, "speculative": {...}, "args": [...], "variant_args": [...], "draft_model":
-str|null, "prompts": [...], "max_model_len": int|null, "push_scale": [...]}. Answer (one line): a list, in order, of
-{"vllm": version, "valid_keys": [...], "unknown_keys": [...], "bad_values": {key: reason}, "args_error": str|null,
-"variant_args_error": str|null, "too_long": {"index": i, "tokens": n, "limit": max_model_len}|null,
-"unknown_tensors": [...], "skipped": [reason, ...]} —
+str|null, "prompts": [...], "max_model_len": int|null, "push_scale": [...], "syncs": bool, "draft_session": bool}.
+Answer (one line): a list, in order, of {"vllm": version, "valid_keys": [...], "unknown_keys": [...], "bad_values":
+{key: reason}, "args_error": str|null, "variant_args_error": str|null, "too_long": {"index": i, "tokens": n, "limit":
+max_model_len}|null, "unknown_tensors": [...], "transfer_problem": str|null, "skipped": [reason, ...]} —
 the variant's arguments are parsed after the server's; prompts are counted with the model's own tokenizer and
 push_scale names looked up in the checkpoints' tensor names, where the model is local (a folder, or the Hugging Face
 cache), and `skipped` says which of those checks could not run and why.
@@ -166,6 +166,46 @@ def semantic_problem(model: str, spec: dict[str, Any], serve_args: list[str]) ->
     return None, None
 
 
+TRANSFER_SINCE = "vLLM 0.26"  # draft sessions (Worker.start_draft_weight_update); engine-owned sessions since 0.25
+
+
+def transfer_problem(model: str, args: list[str], syncs: bool, draft_session: bool) -> str | None:
+    """What stops a weight sync through vLLM's weight-transfer API here (`syncs`: the scenario's cycles sync), or a
+    `--weight-transfer-config` in `args` whose backend is no engine of this vLLM: vLLM checks the name only in the
+    worker, when it creates the engine after loading the model."""
+    if syncs:
+        try:
+            from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory  # noqa: F401
+            from vllm.v1.worker.gpu_worker import Worker
+        except ImportError:
+            return (
+                f"this vLLM has no weight-transfer API (vllm.distributed.weight_transfer; syncs need {TRANSFER_SINCE})"
+            )
+        if draft_session and not hasattr(Worker, "start_draft_weight_update"):
+            missing = "Worker.start_draft_weight_update"
+            return f"its weight-transfer API has no draft sessions ({missing}; draft sessions need {TRANSFER_SINCE})"
+        from specwake.worker.transfer import register
+
+        if not register():
+            return f"its weight-transfer engines do not run their own sessions (syncs need {TRANSFER_SINCE})"
+    try:
+        config = getattr(_parser().parse_args([model, *args]), "weight_transfer_config", None)
+    except (ValueError, SystemExit):
+        return None  # the argument parser's own error is reported as such
+    if config is None:
+        return None
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from specwake.worker.transfer import register
+
+    register()
+    known = sorted(WeightTransferEngineFactory._registry)
+    if config.backend not in known:
+        names = ", ".join(known)
+        return f"--weight-transfer-config: backend {config.backend!r} is not a weight-transfer engine (known: {names})"
+    return None
+
+
 def _first(exc: BaseException) -> str:
     """One line of an exception: for pydantic's ValidationError, its first error's message (the class name alone
     says nothing), else the first line of its text."""
@@ -201,6 +241,11 @@ def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
         too_long(request["model"], prompts, request.get("max_model_len")) if prompts else (None, None)
     )
     found["skipped"] += [skipped] if skipped else []
+    found["transfer_problem"] = None
+    if not found["args_error"] and not found["variant_args_error"]:
+        found["transfer_problem"] = transfer_problem(
+            request["model"], [*args, *extra], bool(request.get("syncs")), bool(request.get("draft_session"))
+        )
     scale = list(request.get("push_scale") or [])
     found["unknown_tensors"] = []
     if scale:

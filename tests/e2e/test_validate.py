@@ -60,6 +60,11 @@ CASES = {
         "variants.preserve.args",
         "--sleep-preserve-parameter-namez",
     ),
+    "weight-transfer backend that no engine of vLLM answers to": (  # vLLM itself checks it only after loading
+        MINIMAL.replace("[server]", """[server]\nargs = ["--weight-transfer-config", '{"backend": "nope"}']"""),
+        "server.args",
+        "backend 'nope' is not a weight-transfer engine (known: ",
+    ),
 }
 
 

@@ -25,10 +25,13 @@ class MockVllm:
     hang: set[str] = field(default_factory=set)  # paths/methods that time out
     lag_metrics: int = 0  # answer this many /metrics scrapes with stale counters
     calls: list[str] = field(default_factory=list)
+    updates: list[tuple[str, dict]] = field(default_factory=list)  # (session model, update_info) per /update_weights
+    checker: bool = False  # offers /weight_checker (vLLM >= 0.32)
 
     def __post_init__(self) -> None:
         self.model = ServerModel(model="m", k=self.k, al_fresh=self.k + 1.0, stale_prefix_cache=self.stale_prefix_cache)
         self._stale: str | None = None
+        self._session: str | None = None  # the model a weight-transfer session updates
 
     def stream(self, body: dict) -> httpx.Response:
         prompt, max_tokens = str(body["prompt"]), int(body["max_tokens"])
@@ -63,6 +66,27 @@ class MockVllm:
         if key == "reload_weights":
             self.model.reload(draft_too=self.reload_restores_draft)
             return httpx.Response(200)
+        if path in ("/start_weight_update", "/start_draft_weight_update"):
+            self._session = "draft" if "draft" in path else "target"
+            return httpx.Response(200, json={"message": "Weight update started"})
+        if path == "/update_weights":
+            assert self._session is not None, "update_weights outside a session"
+            self.updates.append((self._session, body["update_info"]))
+            return httpx.Response(200, json={"message": "Weights updated"})
+        if path == "/finish_weight_update":  # like the layerwise reload at a session's end: that model is back
+            if self._session == "target":
+                self.model.reload()
+            else:
+                self.model.discarded = False
+            self._session = None
+            return httpx.Response(200, json={"message": "Weight update finished"})
+        if path == "/init_weight_transfer_engine":
+            return httpx.Response(200, json={"message": "Weight transfer initialized"})
+        if path == "/weight_checker" and self.checker:
+            sums = {"tp0:w": "0" * 64}
+            if body["action"] == "compare":
+                return httpx.Response(200, json={"match": body["baseline"] == sums, "mismatches": []})
+            return httpx.Response(200, json={"checksums": sums})
         if path == "/reset_prefix_cache":
             success = self.model.reset_prefix_cache() and not self.prefix_reset_fails
             return httpx.Response(200, json={"success": success})

@@ -69,7 +69,7 @@ BAD = [
     ("surprise = 1\n" + MINIMAL, "surprise", "unknown key"),
     (MINIMAL + "[cycle]\nlevel = [1, 1]\n", "cycle.level: ", "distinct"),
     (MINIMAL + "[cycle]\nlevel = [3]\n", "cycle.level: ", "1 or 2"),
-    (MINIMAL + "[cycle]\nreload = 'pull'\n", "cycle.reload", "'reload_weights' or 'push'"),
+    (MINIMAL + "[cycle]\nreload = 'pull'\n", "cycle.reload", "'reload_weights', 'push' or 'weight_transfer'"),
     (MINIMAL + "[cycle]\npush_to = ['trainer']\n", "cycle.push_to", "'target' or 'draft'"),
     (MINIMAL + "[cycle]\npush_to = []\n", "cycle.push_to", "one or more distinct"),
     (MINIMAL + "[cycle]\ndiscard_fill = 'ones'\n", "cycle.discard_fill", "'zero', 'nan' or 'random'"),
@@ -84,6 +84,29 @@ BAD = [
     (MINIMAL + "[expect]\nbaseline-L2 = 'collapse'\n", "expect.baseline-L2", "no variant named"),
     (MINIMAL + "[cycle]\npush_to = ['draft']\n", "cycle.push_to", 'only with cycle.reload = "push"'),
     (MINIMAL + "[variants.baseline]\npush_scale = { 'x' = 2.0 }\n", "variants.baseline.push_scale", "only with"),
+    (
+        MINIMAL + "[cycle]\nreload = 'weight_transfer'\n[variants.v]\npush_scale = { 'x' = 2.0 }\n",
+        "variants.v.push_scale",
+        'only with cycle.reload = "push"',
+    ),
+    (
+        MINIMAL.replace("[server]", "[server]\nargs = ['--weight-transfer-config', '{}']")
+        + "[cycle]\nreload = 'weight_transfer'\n",
+        "server.args",
+        '--weight-transfer-config is set by specwake with cycle.reload = "weight_transfer"',
+    ),
+    (
+        MINIMAL
+        + "[cycle]\nreload = 'weight_transfer'\npush_to = ['target', 'draft']\n[variants.f]\nspeculative = false\n",
+        "variants.f.push_to",
+        "'draft' needs a drafter (speculative = false)",
+    ),
+    (
+        MINIMAL.replace('method = "draft_model"', 'method = "ngram"')
+        + "[cycle]\nreload = 'push'\npush_to = ['draft']\n",
+        "variants.baseline.push_to",
+        "needs a drafter model (ngram has none)",
+    ),
     (MINIMAL + "[expect]\ngraph_safe = false\n", "expect.graph_safe", "server.enforce_eager = true"),
     (MINIMAL + "[expect]\ngraph_safe = 1\n", "expect.graph_safe", "true or false"),
 ]

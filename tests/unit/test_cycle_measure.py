@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
+from specwake import protocol
 from specwake.errors import RequestFailed, RequestTimeout
-from specwake.protocol import PushRequest
+from specwake.protocol import SYNC_VIA, PushRequest, TransferChunk
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
 from specwake.run.cycle import cycle_steps, run_cycle
 from specwake.run.measure import Workload, drift, run_stage, stage_name
+from specwake.run.metrics import OperationClock, operation_seconds
 from tests.helpers.mock_vllm import MockVllm
+from tests.helpers.paths import DATA
 
 WORKLOAD = Workload(
     "m",
@@ -182,3 +186,64 @@ def test_a_push_replaces_reload_weights_at_either_level() -> None:
     l1 = cycle_steps(1, emulate_discard=True, push=push)  # L1 keeps its weights: nothing to discard
     assert [s.name for s in l1] == ["sleep", "wake_weights", "push", "wake_kv_cache", "reset_prefix_cache"]
     assert l1[0].params == (("level", "1"),)
+
+
+SYNC = PushRequest(("target", "draft"), via=SYNC_VIA)
+CHUNKS = {
+    "target": [
+        TransferChunk("target", "/m/t.safetensors", ("a", "b")),
+        TransferChunk("target", "/m/t.safetensors", ("c",)),
+    ],
+    "draft": [TransferChunk("draft", "/m/d.safetensors", ("x",))],
+}
+
+
+def test_a_sync_runs_one_session_per_model_and_initializes_the_engine_once() -> None:
+    first = cycle_steps(2, emulate_discard=True, push=SYNC, cycle=1, chunks=CHUNKS)
+    sessions = ["start_weight_update", "update_weights", "update_weights", "finish_weight_update"]
+    sessions += ["start_draft_weight_update", "update_weights", "finish_weight_update"]
+    head = ["sleep", "discard", "wake_weights"]
+    assert [s.name for s in first] == [
+        *head,
+        "init_weight_transfer_engine",
+        *sessions,
+        "wake_kv_cache",
+        "reset_prefix_cache",
+    ]
+    second = cycle_steps(2, emulate_discard=True, push=SYNC, cycle=2, chunks=CHUNKS)
+    assert [s.name for s in second] == [*head, *sessions, "wake_kv_cache", "reset_prefix_cache"]
+    updates = [s.body for s in second if s.name == "update_weights"]
+    assert updates[0] == {"update_info": {"file": "/m/t.safetensors", "names": ["a", "b"]}}
+    # the weights are judged once, after the last session: a drafter session that wrote into the target is caught
+    assert [s.point for s in second if s.point == protocol.SYNC_POINT] == [protocol.SYNC_POINT]
+    assert second[-3].point == protocol.SYNC_POINT and second[-3].name == "finish_weight_update"
+    target_only = cycle_steps(2, emulate_discard=True, push=replace(SYNC, to=("target",)), cycle=2, chunks=CHUNKS)
+    assert "start_draft_weight_update" not in [s.name for s in target_only]
+    assert target_only[-3].point == protocol.SYNC_POINT
+
+
+def test_a_target_only_sync_collapses_and_a_full_one_recovers_on_the_mock() -> None:
+    for to, al in ((("target",), 1.0), (("target", "draft"), 4.0)):
+        server = MockVllm(checker=True)
+        client = VllmClient(server.client())
+        points: list[str] = []
+        steps, fault = run_cycle(
+            client, 1, level=2, emulate_discard=True, step_timeout_s=5, push=replace(SYNC, to=to), chunks=CHUNKS,
+            on_step=lambda result, point, seen=points: seen.append(point),
+        )  # fmt: skip
+        assert fault is None and all(s.ok for s in steps)
+        assert [role for role, _ in server.updates] == ["target", "target", "draft"][: 2 + len(to) - 1]
+        assert protocol.SYNC_POINT in points
+        assert stage(server)[0].acceptance_length == al
+
+
+def test_vllms_own_seconds_come_from_its_operation_histograms() -> None:
+    text = (DATA / "metrics-weight-transfer.txt").read_text()
+    sums = operation_seconds(text, frozenset({protocol.SLEEP_METRIC, protocol.TRANSFER_METRIC}))
+    assert sums[(protocol.TRANSFER_METRIC, "update")] > 0 and (protocol.SLEEP_METRIC, "sleep") in sums
+    scrapes = iter([text, text])
+    clock = OperationClock(lambda: next(scrapes), frozenset({protocol.TRANSFER_METRIC}))
+    clock.start()
+    assert clock.seconds((protocol.TRANSFER_METRIC, "update")) == 0.0  # nothing happened between the two scrapes
+    assert clock.seconds(None) is None
+    assert operation_seconds("not prometheus {", frozenset({protocol.SLEEP_METRIC})) == {}

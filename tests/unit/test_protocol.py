@@ -8,11 +8,13 @@ from specwake.protocol import DiscardAnswer, Fingerprint, Memory, PushAnswer, Pu
 
 
 def test_the_step_table_gives_the_probe_points_the_restore_points_and_the_wake() -> None:
-    assert protocol.FINGERPRINT_POINTS == {"after fresh", "after discard", "after reload_weights", "after push"}
-    awake = {"after wake_weights", "after reload_weights", "after push", "after wake_kv_cache"}
+    restore = ("after reload_weights", "after push", "after weight sync")
+    assert protocol.FINGERPRINT_POINTS == {"after fresh", "after discard", *restore}
+    awake = {"after wake_weights", *restore, "after wake_kv_cache"}
     assert protocol.MEMORY_POINTS == {"before sleep", "after sleep", *awake}
-    assert protocol.RESTORE_POINTS == ("after reload_weights", "after push")
-    assert protocol.WAKE_STEPS == ("wake_weights", "reload_weights", "push", "wake_kv_cache", "wake_up")
+    assert protocol.RESTORE_POINTS == restore
+    sync = ("start_weight_update", "start_draft_weight_update", "update_weights", "finish_weight_update")
+    assert protocol.WAKE_STEPS == ("wake_weights", "reload_weights", "push", *sync, "wake_kv_cache", "wake_up")
     assert protocol.AWAKE_POINT == "after wake_kv_cache"
     assert {s.name for s in protocol.STEPS if s.rpc} == {"discard", "reload_weights", "push"}
 
@@ -21,6 +23,10 @@ def test_a_push_request_travels_as_json_and_back() -> None:
     request = PushRequest(("target", "draft"), {"lm_head.weight": 2.0})
     assert PushRequest.from_json(request.to_json()) == request
     assert PushRequest.from_json("{}") == PushRequest()  # the default push: the target, unscaled
+    # in result files: a push reads as it always did, a sync says so
+    assert request.to_dict() == {"to": ["target", "draft"], "scale": {"lm_head.weight": 2.0}}
+    sync = PushRequest(("target",), via=protocol.SYNC_VIA)
+    assert sync.to_dict()["via"] == "weight_transfer" and PushRequest.from_dict(sync.to_dict()) == sync
     assert PushAnswer.from_dict({"pushed": {"target": "pushed"}, "scaled": [], "extra": 1}).unmatched == []
 
 

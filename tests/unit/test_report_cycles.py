@@ -78,3 +78,14 @@ def test_cost_table_shows_what_a_sleep_holds_in_host_memory() -> None:
     asleep = [StepResult(c, "sleep", "POST", "/sleep", 200, 1.0, True, rss_bytes=int(3000 * MIB)) for c in (1, 2, 3)]
     table = cost_table([replace(BASE, name="offload-graphs", steps=asleep + steps(3))])
     assert table[3] == "| offload-graphs | 0.320 | 3000 | 1000 |"
+
+
+def test_the_step_table_shows_vllms_own_seconds_only_where_it_kept_them() -> None:
+    from specwake.report.details import details
+
+    plain = "\n".join(details(replace(BASE, steps=steps(1))))
+    assert "| cycle | step | HTTP | seconds |\n" in plain
+    timed = [replace(s, vllm_seconds=0.05) if s.name == "wake_weights" else s for s in steps(1)]
+    text = "\n".join(details(replace(BASE, steps=timed)))
+    assert "| cycle | step | HTTP | seconds | vLLM's seconds |" in text
+    assert "| 1 | wake_weights | 200 | 0.100 | 0.050 |" in text and "| 1 | reload_weights | 200 | 0.210 | – |" in text

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specwake.judge.weights import discard_line, moved, restored, weights_line, worst_restore
+from specwake.judge.weights import checker_line, discard_line, moved, restored, weights_line, worst_restore
 from specwake.results import StepResult
 
 
@@ -77,3 +77,36 @@ def test_the_discard_line_counts_each_kind_per_model() -> None:
     )
     assert discard_line([discard_step({"filled_tensors": 10})]) is None  # an answer from an older specwake
     assert discard_line([]) is None
+
+
+def synced(cycle: int, target_differ: int, checker: dict[str, Any]) -> dict[str, Any]:
+    """The diagnostics after a weight sync: specwake's fingerprint of the target, and vLLM's /weight_checker."""
+    target = part(target_differ, 9, differ_by_kind={"parameter": target_differ} if target_differ else {})
+    entry = {"cycle": cycle, "point": "after weight sync", "fingerprints": [{"target": target, "draft": part(0)}]}
+    return entry | {"weight_checker": checker}
+
+
+FRESH_CHECKER = {"cycle": 0, "point": "after fresh", "weight_checker": {"offered": True, "parameters": 9}}
+
+
+def test_vllms_weight_checker_is_read_beside_specwakes_fingerprint() -> None:
+    same = {"match": True, "mismatches": 0, "names": [], "parameters": 9}
+    line = checker_line([FRESH_CHECKER, synced(1, 0, same), synced(2, 0, same)])
+    assert line is not None and line.endswith(
+        "matches fresh after the sync in cycles 1–2 — specwake's fingerprint agrees"
+    )
+    assert "no drafter" in line  # what it covers is said
+    two = {"match": False, "mismatches": 2, "names": ["tp0:a", "tp0:b"], "parameters": 9}
+    line = checker_line([FRESH_CHECKER, synced(1, 2, two)])
+    assert line is not None and "2/9 parameters differ from fresh in cycle 1 (tp0:a, tp0:b)" in line
+    assert line.endswith("agrees")
+    assert checker_line([FRESH_CHECKER, synced(1, 0, two)]).endswith("disagrees")  # type: ignore[union-attr]
+
+
+def test_a_server_without_the_weight_checker_says_so_and_a_run_without_a_sync_says_nothing() -> None:
+    absent = {"cycle": 0, "point": "after fresh", "weight_checker": {"offered": False, "status": 404}}
+    assert checker_line([absent]) == (
+        "vLLM's /weight_checker (SHA-256 of the target's parameters; no drafter, no buffers): not offered by this"
+        " server (vLLM 0.32 and later; HTTP 404)"
+    )
+    assert checker_line([at(1, part(0))]) is None

@@ -51,7 +51,8 @@ class Worker(SpecwakeWorkerExtension):
 def test_every_worker_method_the_protocol_names_exists() -> None:
     from specwake import protocol
 
-    for method in (protocol.INFO, protocol.FINGERPRINT, protocol.MEMORY, protocol.DISCARD, protocol.PUSH):
+    methods = (protocol.INFO, protocol.FINGERPRINT, protocol.MEMORY, protocol.DISCARD, protocol.PUSH)
+    for method in (*methods, protocol.TRANSFER_MANIFEST):
         assert callable(getattr(SpecwakeWorkerExtension, method, None)), method
 
 
