@@ -5,6 +5,7 @@ No logic lives here; session.py does what `run` does, errors.py maps exceptions 
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ from specwake.report.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, pa
 from specwake.report.plot import render_plot
 from specwake.run.schedule import parse_gpu_list
 from specwake.run.session import RunRequest, check_all, execute
-from specwake.run.shards import merge_shards, parse_shard
+from specwake.run.shards import merge_shards, parse_shard, shard_from_env
 from specwake.runfolder import load_many
 
 app = typer.Typer(
@@ -95,7 +96,8 @@ def run(
         str | None,
         typer.Option(
             help="K/N: run only this machine's share of the scenario × variant jobs (a CI fleet of N runners); "
-            "`specwake report` over every shard's folder merges them."
+            "`specwake report` over every shard's folder merges them. Default on Buildkite: from "
+            "BUILDKITE_PARALLEL_JOB / BUILDKITE_PARALLEL_JOB_COUNT (a step with `parallelism: N`)."
         ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
@@ -119,10 +121,12 @@ def run(
             gpus=_gpus(gpus),
             junit=junit,
             resume=resume,
-            shard=parse_shard(shard) if shard is not None else None,
+            shard=parse_shard(shard) if shard is not None else shard_from_env(os.environ),
         )
     except SpecwakeError as exc:
         _fail(ui, exc)
+    if shard is None and request.shard is not None:
+        ui.note(f"shard {request.shard}, from Buildkite's BUILDKITE_PARALLEL_JOB / BUILDKITE_PARALLEL_JOB_COUNT")
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with ui:

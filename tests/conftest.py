@@ -23,6 +23,9 @@ from tests.helpers.fakeengine import FakeEngine, kill_survivors, make_fake_engin
 from tests.helpers.procs import assert_no_leftover_processes
 
 TIERS = ("unit", "component", "e2e")
+# The scenario files under tests/data are the tests' inputs: `pytest tests` must not run them through specwake's
+# pytest plugin (which collects a scenario file under a folder named on the command line).
+collect_ignore_glob = ["data/*.toml"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

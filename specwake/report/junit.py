@@ -75,9 +75,19 @@ def _error_class(variant: VariantResult) -> str:
     return variant.crash_class or default
 
 
+def passed(variant: VariantResult) -> bool:
+    """A variant passes when it met its expectation with no finding, and was tested and finished."""
+    return variant.matched and variant.outcome not in (*NOT_TESTED, INCOMPLETE)
+
+
+def variant_text(variant: VariantResult, tolerance: float) -> str:
+    """What a failed variant says in CI: its verdict line, why, its stages, its error and log excerpt."""
+    return _body(variant, tolerance, with_log=True)
+
+
 def _problem(variant: VariantResult, tolerance: float) -> ET.Element | None:
     """The <failure> or <error> child of a variant's testcase; None when it passed."""
-    if variant.matched and variant.outcome not in (*NOT_TESTED, INCOMPLETE):
+    if passed(variant):
         return None
     if variant.outcome in (*NOT_TESTED, "crash", INCOMPLETE):
         cls = _error_class(variant)

@@ -8,7 +8,7 @@ none is skipped; the split balances GPUs (tensor-parallel size) across machines,
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from specwake.errors import InputError
@@ -36,6 +36,24 @@ def parse_shard(text: str) -> Shard:
     if not 1 <= index <= count:
         raise InputError(f"--shard: K must be between 1 and N, got {index}/{count}")
     return Shard(index, count)
+
+
+# Buildkite's parallel job variables (`parallelism: N` on a step): the job's 0-based index and the job count.
+BUILDKITE_JOB, BUILDKITE_COUNT = "BUILDKITE_PARALLEL_JOB", "BUILDKITE_PARALLEL_JOB_COUNT"
+
+
+def shard_from_env(environ: Mapping[str, str]) -> Shard | None:
+    """The shard Buildkite's parallel job variables name (job 0 of 4 is 1/4), None when they are not both set;
+    InputError naming the variable when one is not a number in range."""
+    job, count = environ.get(BUILDKITE_JOB, "").strip(), environ.get(BUILDKITE_COUNT, "").strip()
+    if not job or not count:
+        return None
+    if not job.isdigit() or not count.isdigit():
+        bad = BUILDKITE_JOB if not job.isdigit() else BUILDKITE_COUNT
+        raise InputError(f"{bad}: expected a whole number, got {environ[bad]!r}")
+    if not 0 <= int(job) < int(count):
+        raise InputError(f"{BUILDKITE_JOB}: {job} is not below {BUILDKITE_COUNT} {count}")
+    return Shard(int(job) + 1, int(count))
 
 
 def assign(jobs: Sequence[tuple[str, int]], count: int) -> list[list[str]]:

@@ -61,3 +61,15 @@ def test_shards_of_one_scenario_merge_into_one_result() -> None:
     assert len(merge_shards([whole, whole])) == 2  # the same run twice is not a split: kept apart
     other = replace(first, scenario={**first.scenario, "sha256": "0" * 64})
     assert len(merge_shards([other, second])) == 2  # another scenario file: kept apart
+
+
+def test_buildkites_parallel_job_variables_name_the_shard() -> None:
+    from specwake.run.shards import shard_from_env
+
+    assert shard_from_env({"BUILDKITE_PARALLEL_JOB": "0", "BUILDKITE_PARALLEL_JOB_COUNT": "4"}) == Shard(1, 4)
+    assert shard_from_env({"BUILDKITE_PARALLEL_JOB": "3", "BUILDKITE_PARALLEL_JOB_COUNT": "4"}) == Shard(4, 4)
+    assert shard_from_env({"BUILDKITE_PARALLEL_JOB": "0"}) is None  # not a parallel step
+    assert shard_from_env({}) is None
+    for job, count in (("4", "4"), ("-1", "4"), ("1", "x")):
+        with pytest.raises(InputError, match="BUILDKITE_PARALLEL_JOB"):
+            shard_from_env({"BUILDKITE_PARALLEL_JOB": job, "BUILDKITE_PARALLEL_JOB_COUNT": count})

@@ -1,0 +1,132 @@
+"""The nightly Buildkite pipeline (examples/nightly-gpu.buildkite.yml) next to the GitHub workflow: valid against
+Buildkite's pipeline schema (check-jsonschema's copy, offline); its shards take K/N from Buildkite's parallel job
+variables through `specwake run` itself; and its merge step, run here as the agent runs it (with stand-ins for
+`buildkite-agent` and the virtualenv), fails the build on a regression or a failed shard and passes a night like the
+last."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from specwake.report import run_files
+from specwake.results import ScenarioResult
+from specwake.runfolder import write_files
+from tests.component.test_workflow import dropped
+from tests.helpers.builders import tiny_cpu
+from tests.helpers.fakeengine import FakeEngine, one_run_dir, run_cli, scenario_text
+from tests.helpers.paths import REPO
+
+PIPELINE = REPO / "examples" / "nightly-gpu.buildkite.yml"
+
+
+def pipeline() -> dict[str, Any]:
+    return dict(yaml.safe_load(PIPELINE.read_text()))
+
+
+def step(key: str) -> dict[str, Any]:
+    return next(s for s in pipeline()["steps"] if isinstance(s, dict) and s.get("key") == key)
+
+
+def test_the_pipeline_is_valid_against_buildkites_schema() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.buildkite", str(PIPELINE)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_shards_take_their_share_from_buildkite_and_the_merge_waits_for_every_one() -> None:
+    shard = step("shard")
+    assert shard["parallelism"] >= 2 and "--shard" not in shard["command"]  # specwake reads the variables
+    steps = pipeline()["steps"]
+    wait = steps[steps.index(shard) + 1]
+    assert "wait" in wait and wait["continue_on_failure"] is True
+
+
+def test_a_parallel_job_runs_its_share_without_a_shard_flag(engine: FakeEngine, tmp_path: Path) -> None:
+    paths = []
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(scenario_text(engine, name=name, expect={"baseline": "collapse"}))
+        paths.append(str(path))
+    out = tmp_path / "out"
+    proc = run_cli(["run", *paths, "--output", str(out)], tmp_path / "cache", 120,
+                   BUILDKITE_PARALLEL_JOB="1", BUILDKITE_PARALLEL_JOB_COUNT="2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "shard 2/2, from Buildkite's" in proc.stderr
+    assert one_run_dir(out).name.endswith("-shard-2of2") and len(engine.launched()) == 1
+
+
+@pytest.mark.parametrize(("job", "count", "named"), [("x", "2", "BUILDKITE_PARALLEL_JOB"), ("2", "2", "BUILDKITE")])
+def test_bad_parallel_job_variables_are_bad_input(tmp_path: Path, job: str, count: str, named: str) -> None:
+    proc = run_cli(["run", str(REPO / "scenarios" / "tiny-cpu.toml"), "--output", str(tmp_path / "out")],
+                   tmp_path / "cache", 60, BUILDKITE_PARALLEL_JOB=job, BUILDKITE_PARALLEL_JOB_COUNT=count)  # fmt: skip
+    assert proc.returncode == 2 and named in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def merge(
+    tmp_path: Path, last: ScenarioResult | None, tonight: ScenarioResult, shards: str
+) -> subprocess.CompletedProcess[str]:
+    """The merge step's command as the agent runs it (`$$` is Buildkite's escape for `$`), in a workspace where
+    `buildkite-agent` downloads tonight's results and says the shard step's outcome, `python3 -m venv` and pip are
+    this checkout's specwake, and last night's results sit where the agent keeps them."""
+    keep = tmp_path / "var"
+    if last is not None:
+        write_files(keep / "last" / f"20261130-021700-shard-1of1-{last.name}", run_files(last))
+    tonight_dir = tmp_path / "tonight" / "results" / "nightly" / f"20261201-021700-shard-1of1-{tonight.name}"
+    write_files(tonight_dir, run_files(tonight))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    agent = bin_dir / "buildkite-agent"
+    agent.write_text(
+        "#!/bin/sh\n"
+        f'case "$1 $2" in\n'
+        f'  "artifact download") mkdir -p "$4" && cp -r {tmp_path / "tonight"}/results "$4" ;;\n'
+        f'  "step get") echo {shards} ;;\n'
+        "  *) cat > /dev/null ;;\n"
+        "esac\n"
+    )
+    python3 = bin_dir / "python3"  # `python3 -m venv .venv` makes a .venv whose specwake is this checkout's
+    python3.write_text(
+        "#!/bin/sh\nmkdir -p .venv/bin\n"
+        "printf '#!/bin/sh\\nexit 0\\n' > .venv/bin/pip\n"
+        f"printf '#!/bin/sh\\nexec {sys.executable} -m specwake.cli \"$@\"\\n' > .venv/bin/specwake\n"
+        "chmod +x .venv/bin/pip .venv/bin/specwake\n"
+    )
+    for script in (agent, python3):
+        script.chmod(0o755)
+    command = step("merge")["command"].replace("$$", "$").replace("/var/lib/specwake-nightly", str(keep))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    return subprocess.run(["bash", "-c", command], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_merge_fails_the_build_on_a_regression(tmp_path: Path) -> None:
+    proc = merge(tmp_path, tiny_cpu(), dropped(tiny_cpu()), "passed")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "regression" in proc.stdout
+
+
+def test_the_merge_passes_a_night_like_the_last_and_keeps_it_for_tomorrow(tmp_path: Path) -> None:
+    proc = merge(tmp_path, tiny_cpu(), tiny_cpu(), "passed")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list((tmp_path / "var" / "last").iterdir())[0].name.startswith("20261201")
+
+
+def test_the_first_night_has_nothing_to_compare_and_passes(tmp_path: Path) -> None:
+    proc = merge(tmp_path, None, tiny_cpu(), "passed")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_merge_fails_the_build_when_a_shard_failed(tmp_path: Path) -> None:
+    proc = merge(tmp_path, tiny_cpu(), tiny_cpu(), "hard_failed")
+    assert proc.returncode == 1 and "a shard failed (hard_failed)" in proc.stderr, proc.stdout + proc.stderr

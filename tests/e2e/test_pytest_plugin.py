@@ -1,0 +1,51 @@
+"""specwake's pytest plugin on real vLLM CPU, the way vLLM's nightly would call it: `pytest -v
+scenarios/cpu/draft-model.toml --junitxml FILE` (one cycle), stock vLLM against the reference fix. Each variant is an
+item with its verdict; pytest's own JUnit carries the figures. Skips only when vLLM is missing and
+SPECWAKE_REQUIRE_VLLM is unset.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from typing import Any
+
+import pytest
+
+from tests.helpers.paths import REPO
+from tests.helpers.procs import require_module
+
+require_module("vllm")
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("plugin")
+    junit = tmp / "junit.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "scenarios/cpu/draft-model.toml",
+         "--junitxml", str(junit), "--specwake-output", str(tmp / "out"), "--specwake-cycles", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")} if junit.is_file() else {}
+    return {"proc": proc, "cases": cases, "out": tmp / "out"}
+
+
+def test_stock_vllm_and_the_fix_pass_as_items(session: dict[str, Any]) -> None:
+    proc = session["proc"]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "scenarios/cpu/draft-model.toml::baseline PASSED" in proc.stdout
+    assert "scenarios/cpu/draft-model.toml::patched PASSED" in proc.stdout
+    assert len(list(session["out"].iterdir())) == 1  # one run for both items
+
+
+def test_pytests_junit_carries_the_figures(session: dict[str, Any]) -> None:
+    props = {
+        name: {p.get("name"): p.get("value") for p in case.iter("property")} for name, case in session["cases"].items()
+    }
+    assert props["baseline"]["outcome"] == "collapse" and props["patched"]["outcome"] == "recover"
+    assert props["baseline"]["al_fresh"] == "4.0" and props["baseline"]["al_after_cycle_1"] == "1.0"
+    assert props["patched"]["al_after_cycle_1"] == "4.0"
+    assert "al_after_cycle_2" not in props["patched"]  # --specwake-cycles 1 reached the run
+    assert float(props["patched"]["wake_seconds"]) > 0
