@@ -30,7 +30,7 @@ from specwake.report import render_csv, render_json, render_markdown
 from specwake.report.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, parse_pair, render_comparison_markdown
 from specwake.report.plot import render_plot
 from specwake.run.schedule import parse_gpu_list
-from specwake.run.session import RunRequest, check_all, execute
+from specwake.run.session import RunInterrupted, RunRequest, check_all, execute
 from specwake.run.shards import merge_shards, parse_shard, shard_from_env
 from specwake.runfolder import load_many
 
@@ -131,6 +131,12 @@ def run(
     try:
         with ui:
             outcome = execute(request, ui.event)
+    except RunInterrupted as exc:  # the report of what was measured, then exit 130
+        if exc.outcome.results:
+            ui.report(exc.outcome.markdown)
+            ui.note(f"results: {exc.outcome.run_root}")
+        ui.error(str(exc))
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except SpecwakeError as exc:
         _fail(ui, exc)
     except KeyboardInterrupt:

@@ -31,7 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from specwake.errors import InfraError, InputError, SpecwakeError
+from specwake.errors import InfraError, InputError, Interrupted, SpecwakeError
 from specwake.events import Event
 
 if TYPE_CHECKING:
@@ -126,6 +126,8 @@ class ScenarioFile(pytest.File):
         if self.outcome is None:
             try:
                 self.outcome = self._run()
+            except Interrupted:
+                raise KeyboardInterrupt from None  # pytest ends the session as on any Ctrl-C (result files are kept)
             except SpecwakeError as exc:
                 self.problem = exc
                 raise

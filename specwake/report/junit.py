@@ -11,6 +11,7 @@ as `\\xNN`.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -86,10 +87,16 @@ def variant_text(variant: VariantResult, tolerance: float) -> str:
 
 
 def _problem(variant: VariantResult, tolerance: float) -> ET.Element | None:
-    """The <failure> or <error> child of a variant's testcase; None when it passed."""
+    """The <failure>, <error> or <skipped> child of a variant's testcase; None when it passed."""
     if passed(variant):
         return None
-    if variant.outcome in (*NOT_TESTED, "crash", INCOMPLETE):
+    if variant.outcome == INCOMPLETE:  # the run was interrupted (or is still going) before this variant finished
+        element = ET.Element("skipped", type="incomplete")
+        measured = f"; {len(variant.stages)} stage(s) measured before it stopped" if variant.stages else ""
+        element.set("message", f"not run to the end: the run was interrupted{measured}")
+        element.text = _body(variant, tolerance, with_log=False)
+        return element
+    if variant.outcome in (*NOT_TESTED, "crash"):
         cls = _error_class(variant)
         element = ET.Element("error", type=cls)
         element.set("message", _xml_safe(_short(f"{variant.outcome} ({cls}): {explain(variant, tolerance)}")))
@@ -144,15 +151,33 @@ def _set_counts(element: ET.Element, cases: Sequence[ET.Element], seconds: float
     element.set("tests", str(len(cases)))
     element.set("failures", str(_count(cases, "failure")))
     element.set("errors", str(_count(cases, "error")))
-    element.set("skipped", "0")
+    element.set("skipped", str(_count(cases, "skipped")))
     element.set("time", _seconds(seconds))
+
+
+def _moment(text: str | None) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+
+
+def _wall(results: Sequence[ScenarioResult]) -> float:
+    """Seconds from the first scenario's start to the last one's end (now, for one still unfinished): a suite's
+    time is the wall time of its run, not the sum of its variants, which ran side by side or packed."""
+    starts = [m for m in (_moment(r.started_at) for r in results) if m is not None]
+    now = dt.datetime.now(dt.timezone.utc)
+    ends = [_moment(r.finished_at) or now for r in results]
+    if not starts:
+        return sum(v.seconds for r in results for v in r.variants)
+    return max((max(ends) - min(starts)).total_seconds(), 0.0)
 
 
 def _testsuite(result: ScenarioResult) -> tuple[ET.Element, list[ET.Element]]:
     tolerance = recorded_tolerance(result)
     suite = ET.Element("testsuite", name=_xml_safe(result.name))
     cases = [_testcase(result, v, tolerance) for v in result.variants]
-    _set_counts(suite, cases, sum(v.seconds for v in result.variants))
+    _set_counts(suite, cases, _wall([result]))
     suite.set("timestamp", _xml_safe(result.started_at))
     hostname = result.host.get("hostname")
     if hostname:
@@ -166,13 +191,11 @@ def render_junit(results: Sequence[ScenarioResult]) -> str:
     """The JUnit XML document (with its XML declaration) for one or more scenario results."""
     root = ET.Element("testsuites", name="specwake")
     all_cases: list[ET.Element] = []
-    seconds = 0.0
     for result in results:
         suite, cases = _testsuite(result)
         root.append(suite)
         all_cases += cases
-        seconds += sum(v.seconds for v in result.variants)
-    _set_counts(root, all_cases, seconds)
+    _set_counts(root, all_cases, _wall(results))
     del root.attrib["skipped"]  # not part of the <testsuites> element in the common schema
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True).decode("utf-8") + "\n"

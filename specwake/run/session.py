@@ -7,11 +7,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specwake.errors import EXIT_PASS, InputError
+from specwake.errors import EXIT_INTERRUPTED, EXIT_PASS, InputError, Interrupted
 from specwake.events import Event, Events
+from specwake.judge.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.judge.crashes import INPUT_REJECTED
 from specwake.judge.verdict import exit_code
 from specwake.prepare.hub import availability
@@ -134,15 +135,61 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
         Work(s, p, layout, _kept(previous.get(s.name)), _started(previous.get(s.name)))
         for s, p in zip(scenarios, prepared, strict=True)
     ]
-    results = _run(request, work, gpus, str(shard) if shard else None, events)
+    try:
+        results = _run(request, work, gpus, str(shard) if shard else None, events)
+    except (KeyboardInterrupt, Interrupted):
+        # A CI timeout or cancel (SIGINT, SIGTERM): servers are stopped and result files saved by now. The run's
+        # outputs still get written — report, JUnit with every unfinished variant marked not run — before exit 130.
+        partial = _as_far_as_it_got(work, str(shard) if shard else None)
+        raise RunInterrupted(_outputs(request, layout, partial, events, EXIT_INTERRUPTED)) from None
+    refused = any(v.crash_class == INPUT_REJECTED for r in results for v in r.variants)
+    return _outputs(request, layout, results, events, exit_code([r.verdict for r in results], input_rejected=refused))
+
+
+class RunInterrupted(Interrupted):
+    """The run was interrupted; `outcome` has what it measured, its report and its exit code (130)."""
+
+    def __init__(self, outcome: RunOutcome) -> None:
+        super().__init__("interrupted: servers stopped, results measured so far are saved")
+        self.outcome = outcome
+
+
+def _outputs(
+    request: RunRequest, layout: RunLayout, results: list[ScenarioResult], events: Events, code: int
+) -> RunOutcome:
+    """The run's combined outputs: the combined report, the JUnit file, the CI step summary."""
     markdown = render_markdown(results)
     if layout.combined_report is not None:
         write_files(layout.root, {layout.combined_report.name: markdown})
     if request.junit is not None:
         write_junit(request.junit, results)
     _append_step_summary(markdown, events)
-    refused = any(v.crash_class == INPUT_REJECTED for r in results for v in r.variants)
-    return RunOutcome(results, layout.root, markdown, exit_code([r.verdict for r in results], input_rejected=refused))
+    return RunOutcome(results, layout.root, markdown, code)
+
+
+def _as_far_as_it_got(work: Sequence[Work], shard: str | None) -> list[ScenarioResult]:
+    """Every scenario of an interrupted run: what its result file holds, and each variant that never started as
+    `incomplete` (nothing measured), in the scenario's order."""
+    results = []
+    for w in work:
+        path = w.run_dir / RESULT_FILE
+        saved = load_result(path) if path.is_file() else None
+        have = {v.name: v for v in (saved.variants if saved else w.kept)}
+        for prep in w.prepared:
+            if prep.variant.name not in have:
+                have[prep.variant.name] = judge_variant(w.scenario, prep, VariantRecord(prep.variant.name, ""))
+        order = [v.name for v in w.scenario.variants]
+        variants = sorted(have.values(), key=lambda v: order.index(v.name) if v.name in order else len(order))
+        if saved is not None:
+            results.append(replace(saved, variants=variants, complete=False))
+        else:
+            started = w.started_at or now_iso()
+            results.append(
+                judge_scenario(
+                    w.scenario, variants, started, complete=False, mode="not started", host=host_info(), shard=shard
+                )  # fmt: skip
+            )
+    return results
 
 
 def _run(

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import httpx
@@ -225,6 +226,32 @@ def test_signal_while_variants_overlap_stops_both_servers_and_keeps_measured_sta
             assert stage["tok_s"] and stage["acceptance_length"] is not None, (v["name"], stage["name"])
     # Both servers were launched; one stopped at startup may not have got as far as recording it.
     assert len(engine.launched()) == 2 or (when == "startup" and len(engine.launched()) == 1)
+
+
+@pytest.mark.parametrize("sig", ["int", "term"])
+def test_a_cancelled_run_still_writes_its_junit_and_prints_its_report(
+    engine: FakeEngine, tmp_path: Path, sig: str
+) -> None:
+    """A CI timeout or cancel: the JUnit file and the report come out before exit 130, every unfinished variant
+    marked not run, and the suite's time is the run's wall time."""
+    variants = {"baseline": {}, "second": fault(FIRST_MEASURED_FRESH, f"{sig}-parent"), "third": {}}
+    junit = tmp_path / "junit.xml"
+    started = time.monotonic()
+    proc, out = run(engine, tmp_path, scenario_text(engine, variants=variants), "--sequential", "--junit", str(junit))
+    wall = time.monotonic() - started
+    assert proc.returncode == 130, proc.stderr
+    assert "baseline" in proc.stdout and "collapse" in proc.stdout  # the report of what was measured
+    assert "interrupted" in proc.stderr and f"results: {one_run_dir(out)}" in proc.stderr
+    root = ET.parse(junit).getroot()
+    suite = root.find("testsuite")
+    assert suite is not None and (suite.get("tests"), suite.get("skipped")) == ("3", "2")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["baseline"].find("skipped") is None and cases["baseline"].find("failure") is None
+    for name in ("second", "third"):
+        skipped = cases[name].find("skipped")
+        assert skipped is not None and "interrupted" in (skipped.get("message") or ""), name
+    assert 0 < float(suite.get("time", "0")) <= wall + 1  # started_at has whole seconds
+    assert len(engine.launched()) == 2  # the third never started
 
 
 # -- 6. Two runs at once --------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ Results are the sample result.json plus variants changed here with dataclasses.r
 
 from __future__ import annotations
 
+import datetime as dt
+
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
@@ -43,7 +45,10 @@ def test_passing_run_has_one_suite_and_passing_cases() -> None:
         ("specwake.tiny-cpu", "patched"),
     ]
     assert [float(c.get("time", "nan")) for c in cases] == [v.seconds for v in result.variants]
-    assert float(suites[0].get("time", "nan")) == pytest.approx(sum(v.seconds for v in result.variants))
+    # The suite's time is the run's wall time (its variants ran side by side), not the sum of theirs.
+    wall = dt.datetime.fromisoformat(result.finished_at or "") - dt.datetime.fromisoformat(result.started_at)
+    assert float(suites[0].get("time", "nan")) == pytest.approx(wall.total_seconds())
+    assert wall.total_seconds() != pytest.approx(sum(v.seconds for v in result.variants))
     assert suites[0].get("timestamp") == result.started_at
     assert all(c.find("failure") is None and c.find("error") is None for c in cases)
     out = cases[0].findtext("system-out") or ""
@@ -167,3 +172,18 @@ def test_write_junit_writes_atomically_and_reports_unwritable(tmp_path: Path) ->
     blocker.write_text("x")
     with pytest.raises(ResultsUnwritable, match="cannot write JUnit XML"):
         write_junit(blocker / "junit.xml", [sample()])
+
+
+def test_an_interrupted_run_marks_its_unfinished_variants_not_run() -> None:
+    result = sample()
+    baseline, patched = result.variants
+    cut = replace(patched, outcome="incomplete", matched=False, stages=patched.stages[:1])
+    unstarted = replace(patched, name="floor", outcome="incomplete", matched=False, stages=[])
+    root = parse([replace(with_variants(result, baseline, cut, unstarted), finished_at=None, complete=False)])
+    assert counts(root) == (3, 0, 0) and root.get("skipped") is None
+    suite = root.find("testsuite")
+    assert suite is not None and suite.get("skipped") == "2"
+    skipped = {c.get("name"): c.find("skipped") for c in suite.iter("testcase")}
+    assert skipped["baseline"] is None
+    assert "interrupted; 1 stage(s) measured" in (skipped["patched"].get("message") or "")  # type: ignore[union-attr]
+    assert (skipped["floor"].get("message") or "").endswith("the run was interrupted")  # type: ignore[union-attr]
