@@ -6,7 +6,6 @@ Results are the sample result.json plus variants changed here with dataclasses.r
 from __future__ import annotations
 
 import datetime as dt
-
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
