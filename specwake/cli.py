@@ -234,8 +234,25 @@ def compare(
     ],
     max_al_drop: Annotated[float, typer.Option(min=0, max=1, help="Flag AL drops beyond this fraction.")] = MAX_AL_DROP,
     max_toks_drop: Annotated[
-        float, typer.Option(min=0, max=1, help="Flag tok/s drops whose interval clears it.")
+        float,
+        typer.Option(
+            min=0, max=1, help="Flag a variant's tok/s below 1 − this beyond the spread between runs (see --history)."
+        ),
     ] = MAX_TOKS_DROP,
+    history: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A further earlier run (result, run folder, or a folder of one night's shards with --all), besides "
+            "OLD; repeatable. tok/s is called against ≥ 3 earlier runs, whose spread it measures; fewer: inconclusive."
+        ),
+    ] = None,
+    count_emulated_speed: Annotated[
+        bool,
+        typer.Option(
+            "--count-emulated-speed",
+            help="Count tok/s regressions of runs whose L2 discard was emulated (CPU); by default they are advisory.",
+        ),
+    ] = False,
     every_run: Annotated[
         bool, typer.Option("--all", help="A results folder means every run in it (e.g. all shards of one night).")
     ] = False,
@@ -246,8 +263,8 @@ def compare(
     force: Annotated[
         bool,
         typer.Option(
-            help="Compare even when the scenario files differ, and count regressions across a changed model, K or "
-            "max_tokens (otherwise listed, not counted)."
+            help="Count regressions across a changed model, drafter, K, max_tokens or prompts (otherwise listed, "
+            "not counted). Runs of different scenario files are always compared; what differs is listed."
         ),
     ] = False,
 ) -> None:
@@ -257,9 +274,11 @@ def compare(
         pairs = [parse_pair(p) for p in pair or ()]
         olds = merge_shards(load_many([old], every_run=every_run, note=ui.note))
         news = merge_shards(load_many([new], every_run=every_run, note=ui.note))
+        earlier = [merge_shards(load_many([h], every_run=every_run, note=ui.note)) for h in history or ()]
         comparisons, unmatched = compare_runs(
-            olds, news, pairs=pairs, max_al_drop=max_al_drop, max_toks_drop=max_toks_drop, force=force
-        )
+            olds, news, history=earlier, pairs=pairs, max_al_drop=max_al_drop, max_toks_drop=max_toks_drop,
+            force=force, count_emulated_speed=count_emulated_speed,
+        )  # fmt: skip
     except SpecwakeError as exc:
         _fail(ui, exc)
     ui.note(f"old: {old}\nnew: {new}")

@@ -3,14 +3,18 @@
 Pure: pairs scenarios, says which resolved settings differ, joins variant × stage, flags regressions, renders
 Markdown.
 
-Regressions: a stage's AL fell below old × (1 − max_al_drop), or it had drafts before and none now;
-its tok/s interval (ratio of medians new/old, bootstrap) lies wholly below 1 − max_toks_drop; or a
-variant that matched its expectation before does not now (one "outcome" row per changed variant).
-An inconclusive tok/s call is shown but never a regression.
+Regressions:
+- AL (exact): a stage's AL fell below old × (1 − max_al_drop), or it had drafts before and none now;
+- outcome: a variant that matched its expectation before does not now (one "outcome" row per changed variant);
+- tok/s, per variant (one "tok/s" row): tonight's level over every stage is below the earlier runs' by more than
+  max_toks_drop beyond the spread *between runs*, measured from at least three earlier runs (OLD and `history`;
+  specwake.judge.trend). With fewer, the call is inconclusive. Runs whose L2 discard was emulated (CPU) make the
+  call advisory — shown, never counted — unless `count_emulated_speed`. Per-stage tok/s ratios are shown, not
+  called: one run's requests say nothing about the spread between runs.
 
-Runs of different scenario files are compared only with `force`. When what a stage measures changed —
-the model, the drafter, K, max_tokens, the prompts — the comparison says so and its regressions are
-listed but not counted (no exit 1), unless `force` was given.
+Runs of different scenario files are compared; the settings that differ are listed. When what a stage measures
+changed — the model, the drafter, K, max_tokens, the prompts — the regressions are listed but not counted (no
+exit 1) unless `force`. A different name alone (what `--pair` pairs) is no difference.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specwake.errors import InputError
-from specwake.judge.stats import Ratio, call_change, ratio
+from specwake.judge.stats import Ratio, ratio
+from specwake.judge.trend import TrendCall, trend_call
 from specwake.report.markdown import MISSING, cell, num, ratio_cell
 from specwake.results import ScenarioResult, StageResult, VariantResult
 
 MAX_AL_DROP = 0.05  # default: an AL drop beyond this fraction of the old AL is a regression
-MAX_TOKS_DROP = 0.10  # default: a tok/s interval wholly below 1 − this is a regression
+MAX_TOKS_DROP = 0.10  # default: tok/s below 1 − this beyond the spread between runs is a regression
 OUTCOME_STAGE = "outcome"  # the stage name of a variant-level (outcome) row
+SPEED_STAGE = "tok/s"  # the stage name of a variant-level speed row (every stage, against earlier runs)
 NOT_APPLICABLE = Ratio(None, None, None, "not applicable")
 
 
@@ -42,8 +48,8 @@ class Row:
     al_delta: float | None
     old_toks: float | None  # tok/s median
     new_toks: float | None
-    toks_ratio: Ratio  # median(new tok/s) / median(old tok/s)
-    call: str  # drop | gain | same | inconclusive (tok/s), or "changed" for an outcome row
+    toks_ratio: Ratio  # median(new tok/s) / median(old tok/s); a speed row: tonight against the earlier runs
+    call: str  # a speed row: drop | gain | same | inconclusive (+ " (advisory)"); an outcome row: "changed"; else ""
     regression: bool
     reason: str  # why it is a regression ("" otherwise)
 
@@ -67,6 +73,8 @@ class Comparison:
     differences: list[Difference] = field(default_factory=list)
     measurement_changed: bool = False  # model, drafter, K, max_tokens or prompts differ
     counted: bool = True  # whether the regressions count toward the exit code
+    files_differ: bool = False  # the scenario files' sha256 differ (or one is unknown)
+    speed_notes: list[str] = field(default_factory=list)  # per variant: the tok/s call between runs, and why
 
     @property
     def counted_regressions(self) -> list[Row]:
@@ -112,17 +120,6 @@ def _changes_measurement(difference: Difference) -> bool:
     return any(difference.key == k or difference.key.startswith(k + ".") for k in MEASUREMENT_KEYS)
 
 
-def _check_same_scenario(old: ScenarioResult, new: ScenarioResult, differences: list[Difference]) -> None:
-    old_sha, new_sha = old.scenario.get("sha256"), new.scenario.get("sha256")
-    if old_sha and old_sha == new_sha:
-        return
-    what = "; ".join(map(str, differences)) if differences else "none (only the file's text differs)"
-    raise InputError(
-        f"the runs are of different scenario files (old sha256 {old_sha or 'unknown'}, new sha256 "
-        f"{new_sha or 'unknown'}); resolved settings that differ: {what}; pass --force to compare them anyway"
-    )
-
-
 def _check_limit(value: float, what: str) -> None:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{what} must be in [0, 1), got {value}")
@@ -141,19 +138,9 @@ def _al_problem(old: StageResult, new: StageResult, max_al_drop: float) -> str:
     return ""
 
 
-def _toks_problem(r: Ratio, call: str, max_toks_drop: float) -> str:
-    if call != "drop" or r.ci_high is None:
-        return ""
-    return f"tok/s ×{r.value:.2f} (interval up to {r.ci_high:.2f} < {1 - max_toks_drop:.2f})"
-
-
-def _stage_row(
-    scenario: str, variant: str, old: StageResult, new: StageResult, max_al_drop: float, max_toks_drop: float
-) -> Row:
+def _stage_row(scenario: str, variant: str, old: StageResult, new: StageResult, max_al_drop: float) -> Row:
     old_al, new_al = old.acceptance_length, new.acceptance_length
-    toks = ratio(new.tok_s, old.tok_s)
-    call = call_change(toks, max_toks_drop)
-    problems = [p for p in (_al_problem(old, new, max_al_drop), _toks_problem(toks, call, max_toks_drop)) if p]
+    problem = _al_problem(old, new, max_al_drop)
     return Row(
         scenario=scenario,
         variant=variant,
@@ -163,11 +150,37 @@ def _stage_row(
         al_delta=new_al - old_al if old_al is not None and new_al is not None else None,
         old_toks=old.tok_s_median,
         new_toks=new.tok_s_median,
-        toks_ratio=toks,
-        call=call,
-        regression=bool(problems),
-        reason="; ".join(problems),
+        toks_ratio=ratio(new.tok_s, old.tok_s),
+        call="",
+        regression=bool(problem),
+        reason=problem,
     )
+
+
+def _stages(variant: VariantResult) -> dict[str, list[float]]:
+    return {s.name: list(s.tok_s) for s in variant.stages}
+
+
+def _speed_row(
+    scenario: str, name: str, earlier: Sequence[VariantResult], new: VariantResult, max_toks_drop: float, binds: bool
+) -> tuple[Row, TrendCall]:
+    found = trend_call([_stages(v) for v in earlier], _stages(new), max_toks_drop)
+    advisory = found.word == "drop" and not binds
+    row = Row(
+        scenario=scenario,
+        variant=name,
+        stage=SPEED_STAGE,
+        old_al=None,
+        new_al=None,
+        al_delta=None,
+        old_toks=None,
+        new_toks=None,
+        toks_ratio=Ratio(found.ratio, found.low, found.high, "tonight / earlier runs; interval: a same-code run"),
+        call=found.word + (" (advisory)" if advisory else ""),
+        regression=found.word == "drop" and binds,
+        reason=found.reason if found.word == "drop" and binds else "",
+    )
+    return row, found
 
 
 def _describe(variant: VariantResult) -> str:
@@ -204,25 +217,27 @@ def compare(
     old: ScenarioResult,
     new: ScenarioResult,
     *,
+    history: Sequence[ScenarioResult] = (),
     max_al_drop: float = MAX_AL_DROP,
     max_toks_drop: float = MAX_TOKS_DROP,
     force: bool = False,
+    count_emulated_speed: bool = False,
 ) -> Comparison:
     """Join OLD and NEW (one scenario, paired by the caller) on variant × stage and flag regressions (see the
-    module docstring). Raises InputError naming both sha256s and the differing settings when the scenario files
-    differ (or one is unknown), unless force."""
+    module docstring). `history`: further earlier runs of the scenario, besides OLD, for the spread between runs."""
     _check_limit(max_al_drop, "max_al_drop")
     _check_limit(max_toks_drop, "max_toks_drop")
     differences = settings_differences(old, new)
-    if not force:
-        _check_same_scenario(old, new, differences)
+    old_sha, new_sha = old.scenario.get("sha256"), new.scenario.get("sha256")
     measurement_changed = any(_changes_measurement(d) for d in differences)
     new_name = new.name if new.name == old.name else f"{old.name} → {new.name}"
     old_vars = {v.name: v for v in old.variants}
     new_vars = {v.name: v for v in new.variants}
     rows: list[Row] = []
+    notes: list[str] = []
     only_old = _only(list(old_vars), list(new_vars), new_name)
     only_new = _only(list(new_vars), list(old_vars), new_name)
+    earlier_runs = [old, *(h for h in history if h is not old)]
     for name, new_var in new_vars.items():
         old_var = old_vars.get(name)
         if old_var is None:
@@ -238,10 +253,23 @@ def compare(
         for stage_name, new_stage in new_stages.items():
             old_stage = old_stages.get(stage_name)
             if old_stage is not None:
-                rows.append(_stage_row(new_name, name, old_stage, new_stage, max_al_drop, max_toks_drop))
+                rows.append(_stage_row(new_name, name, old_stage, new_stage, max_al_drop))
+        earlier = [v for run in earlier_runs for v in run.variants if v.name == name]
+        emulated = any(v.l2_discard == "emulated" for v in (*earlier, new_var))
+        speed, found = _speed_row(new_name, name, earlier, new_var, max_toks_drop, count_emulated_speed or not emulated)
+        rows.append(speed)
+        advisory = (
+            " — advisory: the L2 discard was emulated (CPU); --count-emulated-speed counts it"
+            if (emulated and not count_emulated_speed)
+            else ""
+        )
+        notes.append(f"{name}: {found.word}, {found.reason}{advisory}")
     regressions = [r for r in rows if r.regression]
     counted = force or not measurement_changed
-    return Comparison(rows, regressions, only_old, only_new, differences, measurement_changed, counted)
+    files_differ = not old_sha or old_sha != new_sha
+    return Comparison(
+        rows, regressions, only_old, only_new, differences, measurement_changed, counted, files_differ, notes
+    )
 
 
 def pair_scenarios(
@@ -249,8 +277,8 @@ def pair_scenarios(
 ) -> tuple[list[tuple[ScenarioResult, ScenarioResult]], list[str]]:
     """(old, new) results to compare — same name, or an explicit (old name, new name) pair — and the names
     found on one side only. InputError when a pair names a scenario that is not there."""
-    by_old = {r.name: r for r in olds}
-    by_new = {r.name: r for r in news}
+    by_old = {r.name: r for r in sorted(olds, key=lambda r: r.started_at)}  # one name twice: its latest run
+    by_new = {r.name: r for r in sorted(news, key=lambda r: r.started_at)}
     explicit = dict(pairs)
     for old_name, new_name in explicit.items():
         if old_name not in by_old or new_name not in by_new:
@@ -268,19 +296,41 @@ def compare_runs(
     olds: Sequence[ScenarioResult],
     news: Sequence[ScenarioResult],
     *,
+    history: Sequence[Sequence[ScenarioResult]] = (),
     pairs: Sequence[tuple[str, str]] = (),
     max_al_drop: float = MAX_AL_DROP,
     max_toks_drop: float = MAX_TOKS_DROP,
     force: bool = False,
+    count_emulated_speed: bool = False,
 ) -> tuple[list[Comparison], list[str]]:
-    """Every paired scenario compared, and the scenario names found on one side only."""
+    """Every paired scenario compared, and the scenario names found on one side only. `history`: further earlier
+    runs (each a list of scenario results, e.g. one night's merged shards); a scenario's earlier runs that measured
+    something else (another model, K, …) are left out of its spread between runs."""
     joined, unmatched = pair_scenarios(olds, news, pairs)
     if not joined:
         raise InputError(
             f"the runs share no scenario (old: {sorted(r.name for r in olds)}, new: {sorted(r.name for r in news)});"
             " pair differently named scenarios with --pair OLD:NEW"
         )
-    comparisons = [compare(o, n, max_al_drop=max_al_drop, max_toks_drop=max_toks_drop, force=force) for o, n in joined]
+    comparisons = []
+    for o, n in joined:
+        same = [
+            r
+            for run in history
+            for r in run
+            if r.name == o.name and not any(_changes_measurement(d) for d in settings_differences(r, n))
+        ]
+        comparisons.append(
+            compare(
+                o,
+                n,
+                history=same,
+                max_al_drop=max_al_drop,
+                max_toks_drop=max_toks_drop,
+                force=force,
+                count_emulated_speed=count_emulated_speed,
+            )  # fmt: skip
+        )
     return comparisons, unmatched
 
 
@@ -298,6 +348,9 @@ def parse_pair(text: str) -> tuple[str, str]:
 def _table_row(row: Row) -> str:
     if row.stage == OUTCOME_STAGE:
         cells = [row.variant, row.stage, MISSING, MISSING, MISSING, MISSING, row.call]
+    elif row.stage == SPEED_STAGE:
+        cells = [row.variant, "tok/s, every stage", MISSING, MISSING, "vs earlier runs", ratio_cell(row.toks_ratio),
+                 row.call]  # fmt: skip
     else:
         cells = [
             row.variant,
@@ -306,14 +359,14 @@ def _table_row(row: Row) -> str:
             num(row.al_delta, 2, sign=True),
             f"{num(row.old_toks, 1)} → {num(row.new_toks, 1)}",
             ratio_cell(row.toks_ratio),
-            row.call,
+            row.call or MISSING,
         ]
     cells.append("**yes**" if row.regression else "no")
     return "| " + " | ".join(cell(c) for c in cells) + " |"
 
 
 def _methods(rows: Sequence[Row]) -> list[str]:
-    return list(dict.fromkeys(r.toks_ratio.method for r in rows if r.stage != OUTCOME_STAGE))
+    return list(dict.fromkeys(r.toks_ratio.method for r in rows if r.stage not in (OUTCOME_STAGE, SPEED_STAGE)))
 
 
 def render_comparison_markdown(c: Comparison) -> str:
@@ -330,6 +383,8 @@ def render_comparison_markdown(c: Comparison) -> str:
     if c.differences:
         label = "Settings differ" + (" — what a stage measures changed" if c.measurement_changed else "")
         lines += ["", f"{label}: " + "; ".join(cell(str(d)) for d in c.differences)]
+    elif c.files_differ:
+        lines += ["", "The scenario files differ; their resolved settings are the same."]
     if c.measurement_changed and not c.counted:
         lines += ["", "Regressions across changed settings are listed, not counted (pass --force to count them)."]
     for scenario in dict.fromkeys(r.scenario for r in c.rows):
@@ -346,12 +401,17 @@ def render_comparison_markdown(c: Comparison) -> str:
     for title, keys in (("Only in old", c.only_old), ("Only in new", c.only_new)):
         if keys:
             lines += ["", f"{title}: " + ", ".join(cell(k) for k in keys)]
+    if c.speed_notes:
+        lines += ["", "tok/s between runs (every stage of a variant, against the earlier runs):"]
+        lines += [f"- {cell(note)}" for note in c.speed_notes]
     methods = _methods(c.rows)
     if methods:
         lines += [
             "",
-            "<sub>tok/s ratio = median(new) / median(old); interval: "
+            "<sub>Per stage: tok/s ratio = median(new) / median(old); interval: "
             + "; ".join(cell(m) for m in methods)
-            + ". An inconclusive call is never a regression.</sub>",
+            + ", shown, not called (requests of one run say nothing about the spread between runs). tok/s is"
+            " called per variant against ≥ 3 earlier runs; an inconclusive or advisory call is never a"
+            " regression.</sub>",
         ]
     return "\n".join(lines) + "\n"

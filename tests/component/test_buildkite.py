@@ -6,6 +6,7 @@ last."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -18,8 +19,7 @@ import yaml
 from specwake.report import run_files
 from specwake.results import ScenarioResult
 from specwake.runfolder import write_files
-from tests.component.test_workflow import dropped
-from tests.helpers.builders import tiny_cpu
+from tests.helpers.builders import dropped, scaled, tiny_cpu
 from tests.helpers.fakeengine import FakeEngine, one_run_dir, run_cli, scenario_text
 from tests.helpers.paths import REPO
 
@@ -73,14 +73,14 @@ def test_bad_parallel_job_variables_are_bad_input(tmp_path: Path, job: str, coun
 
 
 def merge(
-    tmp_path: Path, last: ScenarioResult | None, tonight: ScenarioResult, shards: str
+    tmp_path: Path, nights: list[ScenarioResult], tonight: ScenarioResult, shards: str
 ) -> subprocess.CompletedProcess[str]:
     """The merge step's command as the agent runs it (`$$` is Buildkite's escape for `$`), in a workspace where
     `buildkite-agent` downloads tonight's results and says the shard step's outcome, `python3 -m venv` and pip are
-    this checkout's specwake, and last night's results sit where the agent keeps them."""
+    this checkout's specwake, and the kept nights sit where the agent keeps them."""
     keep = tmp_path / "var"
-    if last is not None:
-        write_files(keep / "last" / f"20261130-021700-shard-1of1-{last.name}", run_files(last))
+    for day, night in enumerate(nights, start=1):
+        write_files(keep / "nights" / f"202611{day:02d}" / f"202611{day:02d}-021700-{night.name}", run_files(night))
     tonight_dir = tmp_path / "tonight" / "results" / "nightly" / f"20261201-021700-shard-1of1-{tonight.name}"
     write_files(tonight_dir, run_files(tonight))
     bin_dir = tmp_path / "bin"
@@ -111,22 +111,30 @@ def merge(
 
 
 def test_the_merge_fails_the_build_on_a_regression(tmp_path: Path) -> None:
-    proc = merge(tmp_path, tiny_cpu(), dropped(tiny_cpu()), "passed")
+    proc = merge(tmp_path, [tiny_cpu()], dropped(tiny_cpu()), "passed")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "regression" in proc.stdout
+    assert (tmp_path / "var" / "nights" / dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")).is_dir()  # kept anyway
 
 
-def test_the_merge_passes_a_night_like_the_last_and_keeps_it_for_tomorrow(tmp_path: Path) -> None:
-    proc = merge(tmp_path, tiny_cpu(), tiny_cpu(), "passed")
+def test_the_merge_calls_tok_s_against_every_kept_night(tmp_path: Path) -> None:
+    nights = [scaled(tiny_cpu(), f) for f in (1.0, 0.98, 1.02, 1.01)]
+    proc = merge(tmp_path, nights, scaled(tiny_cpu(), 0.5), "passed")
+    assert proc.returncode == 1 and "4 earlier runs" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_merge_passes_a_night_like_the_last_and_keeps_seven(tmp_path: Path) -> None:
+    proc = merge(tmp_path, [tiny_cpu()] * 8, tiny_cpu(), "passed")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert list((tmp_path / "var" / "last").iterdir())[0].name.startswith("20261201")
+    kept = sorted(p.name for p in (tmp_path / "var" / "nights").iterdir())
+    assert len(kept) == 7 and kept[-1] == dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")
 
 
 def test_the_first_night_has_nothing_to_compare_and_passes(tmp_path: Path) -> None:
-    proc = merge(tmp_path, None, tiny_cpu(), "passed")
+    proc = merge(tmp_path, [], tiny_cpu(), "passed")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_the_merge_fails_the_build_when_a_shard_failed(tmp_path: Path) -> None:
-    proc = merge(tmp_path, tiny_cpu(), tiny_cpu(), "hard_failed")
+    proc = merge(tmp_path, [tiny_cpu()], tiny_cpu(), "hard_failed")
     assert proc.returncode == 1 and "a shard failed (hard_failed)" in proc.stderr, proc.stdout + proc.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import yaml
 from specwake.report import run_files
 from specwake.results import ScenarioResult
 from specwake.runfolder import write_files
-from tests.helpers.builders import tiny_cpu
+from tests.helpers.builders import dropped, scaled, tiny_cpu
 from tests.helpers.paths import REPO
 
 WORKFLOW = REPO / "examples" / "nightly-gpu.yml"
@@ -71,10 +70,11 @@ def write_run(folder: Path, result: ScenarioResult) -> None:
     write_files(folder / f"20261201-021700-{result.name}", run_files(result))
 
 
-def trend(tmp_path: Path, old: ScenarioResult, new: ScenarioResult) -> subprocess.CompletedProcess[str]:
-    """The trend step's script, run in a workspace holding last night's and tonight's results, with the shell the
-    workflow declares; `.venv/bin/specwake` is this checkout's specwake."""
-    write_run(tmp_path / "previous", old)
+def trend(tmp_path: Path, nights: list[ScenarioResult], new: ScenarioResult) -> subprocess.CompletedProcess[str]:
+    """The trend step's script, run in a workspace holding the kept nights (history/<date>/, oldest first) and
+    tonight's results, with the shell the workflow declares; `.venv/bin/specwake` is this checkout's specwake."""
+    for day, night in enumerate(nights, start=1):
+        write_run(tmp_path / "history" / f"202611{day:02d}", night)
     write_run(tmp_path / "merged", new)
     venv = tmp_path / ".venv" / "bin"
     venv.mkdir(parents=True)
@@ -84,25 +84,38 @@ def trend(tmp_path: Path, old: ScenarioResult, new: ScenarioResult) -> subproces
     shell = SHELLS[workflow().get("defaults", {}).get("run", {}).get("shell")]
     env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [*shell, "-c", step("Trend against last night")["run"]],
+        [*shell, "-c", step("Trend against the earlier nights")["run"]],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
 
-def dropped(result: ScenarioResult) -> ScenarioResult:
-    """The patched variant's first post-cycle AL down from 4.00 to 3.00."""
-    patched = next(v for v in result.variants if v.name == "patched")
-    stages = [replace(s, acceptance_length=3.0) if s.cycle == 1 else s for s in patched.stages]
-    variants = [replace(v, stages=stages) if v is patched else v for v in result.variants]
-    return replace(result, variants=variants)
-
-
 def test_the_trend_step_fails_the_night_on_a_regression(tmp_path: Path) -> None:
-    proc = trend(tmp_path, tiny_cpu(), dropped(tiny_cpu()))
+    proc = trend(tmp_path, [tiny_cpu()], dropped(tiny_cpu()))
     assert proc.returncode == 1, proc.stdout + proc.stderr  # compare's exit code survives `| tee`
     assert "regression" in (tmp_path / "summary.md").read_text()
 
 
 def test_the_trend_step_passes_a_night_like_the_last(tmp_path: Path) -> None:
-    proc = trend(tmp_path, tiny_cpu(), tiny_cpu())
+    proc = trend(tmp_path, [tiny_cpu()], tiny_cpu())
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_trend_step_calls_tok_s_against_every_kept_night(tmp_path: Path) -> None:
+    nights = [scaled(tiny_cpu(), f) for f in (1.0, 0.98, 1.02, 1.01)]  # GPU nights: a real discard
+    proc = trend(tmp_path, nights, scaled(tiny_cpu(), 0.5))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = (tmp_path / "summary.md").read_text()
+    assert "4 earlier runs" in summary and "| tok/s, every stage |" in summary
+
+
+def test_the_kept_nights_roll_over_at_seven(tmp_path: Path) -> None:
+    history = tmp_path / "history"
+    for day in range(1, 9):
+        (history / f"202611{day:02d}").mkdir(parents=True)
+    (tmp_path / "merged").mkdir()
+    shell = SHELLS[workflow().get("defaults", {}).get("run", {}).get("shell")]
+    keep = step("Keep tonight with the last 7 nights")["run"]
+    proc = subprocess.run([*shell, "-c", keep], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    kept = sorted(p.name for p in history.iterdir())
+    assert len(kept) == 7 and "20261101" not in kept and "20261102" not in kept  # tonight in, the oldest two out

@@ -217,3 +217,22 @@ def graphed_gpu() -> ScenarioResult:
         diagnostics=[],
     )
     return scenario("eagle3-graphed", "error", [crashed, unready])
+
+
+def scaled(result: ScenarioResult, factor: float, discard: str = "native") -> ScenarioResult:
+    """Every stage's tok/s of every variant times `factor` (with a 1 % wobble per stage), the L2 discard as given:
+    runs of one scenario at another speed, for trend tests."""
+
+    def fix(v: VariantResult) -> VariantResult:
+        stages = [replace(st, tok_s=[x * factor * (1 + 0.01 * i) for x in st.tok_s]) for i, st in enumerate(v.stages)]
+        return replace(v, stages=stages, l2_discard=discard)
+
+    return replace(result, variants=[fix(v) for v in result.variants])
+
+
+def dropped(result: ScenarioResult) -> ScenarioResult:
+    """The patched variant's first post-cycle AL down from 4.00 to 3.00."""
+    patched = next(v for v in result.variants if v.name == "patched")
+    stages = [replace(s, acceptance_length=3.0) if s.cycle == 1 else s for s in patched.stages]
+    variants = [replace(v, stages=stages) if v is patched else v for v in result.variants]
+    return replace(result, variants=variants)

@@ -96,10 +96,10 @@ def test_compare_exit_codes(tmp_path: Path) -> None:
     faster = runner.invoke(app, ["compare", str(old), str(save(tmp_path / "fast", slower(base, 2.0)))])
     assert faster.exit_code == 0
     changed = replace(base, scenario={**base.scenario, "sha256": "0" * 64})
-    refused = runner.invoke(app, ["compare", str(old), str(save(tmp_path / "other", changed))])
-    assert refused.exit_code == 2 and "--force" in refused.output
-    forced = runner.invoke(app, ["compare", str(old), str(tmp_path / "other"), "--force"])
-    assert forced.exit_code == 0
+    other = runner.invoke(app, ["compare", str(old), str(save(tmp_path / "other", changed))])
+    assert other.exit_code == 0 and "The scenario files differ" in other.output  # compared, and said so
+    unknown = runner.invoke(app, ["compare", str(old), str(tmp_path / "other"), "--history", str(tmp_path / "nope")])
+    assert unknown.exit_code == 2 and "nope" in unknown.output
 
 
 def test_compare_picks_latest_run_in_a_results_folder(tmp_path: Path) -> None:
