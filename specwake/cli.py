@@ -24,6 +24,7 @@ from specwake.errors import (
     Interrupted,
     SpecwakeError,
 )
+from specwake.files import what_it_is
 from specwake.prepare.models import BUILTIN_MODELS, cache_dir, ensure_builtin_model, lookup, model_dir
 from specwake.prepare.scenario import Overrides
 from specwake.report import render_csv, render_json, render_markdown
@@ -104,8 +105,8 @@ def run(
 ) -> None:
     """Run scenarios: baseline and patched servers, L2 cycles, AL and tok/s before and after, verdict."""
     ui = Ui(quiet)
-    if patch is not None and not patch.is_file():
-        ui.error(f"--patch: file not found: {patch}")
+    if patch is not None and what_it_is(patch) is not None:
+        ui.error(f"--patch: file {what_it_is(patch)}: {patch}")
         raise typer.Exit(EXIT_INPUT)
     if interleave and sequential:
         ui.error("--interleave, --sequential: choose one run mode")
@@ -133,7 +134,7 @@ def run(
             outcome = execute(request, ui.event)
     except RunInterrupted as exc:  # the report of what was measured, then exit 130
         if exc.outcome.results:
-            ui.report(exc.outcome.markdown)
+            ui.report(exc.outcome.markdown, plain=True)
             ui.note(f"results: {exc.outcome.run_root}")
         ui.error(str(exc))
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -147,7 +148,7 @@ def run(
     if outcome.note:
         ui.note(outcome.note)
     if outcome.results:
-        ui.report(outcome.markdown)
+        ui.report(outcome.markdown, plain=True)
         ui.note(f"results: {outcome.run_root}")
     raise typer.Exit(outcome.exit_code)
 
@@ -167,16 +168,21 @@ def check(
     online: Annotated[
         bool, typer.Option("--online", help="Also ask the Hugging Face Hub about models not in the local cache.")
     ] = False,
+    interleave: Annotated[bool, typer.Option(help="Plan as `run --interleave` would run (CPU).")] = False,
+    sequential: Annotated[bool, typer.Option(help="Plan as `run --sequential` would run (CPU).")] = False,
 ) -> None:
     """Validate scenarios with each variant's own vLLM and show exactly what `run` would start and measure (argv,
-    env, GPUs, where models load from); launches no server."""
+    env, GPUs or CPU cores, the run mode, where models load from); launches no server."""
     ui = Ui()
-    if patch is not None and not patch.is_file():
-        ui.error(f"--patch: file not found: {patch}")
+    if patch is not None and what_it_is(patch) is not None:
+        ui.error(f"--patch: file {what_it_is(patch)}: {patch}")
         raise typer.Exit(EXIT_INPUT)
     overrides = Overrides(tp=tp, variants=tuple(variant or ()), patch=patch)
     try:
-        outcome = check_all(scenarios, overrides, cache_dir(), ui.event, gpus=_gpus(gpus), online=online)
+        outcome = check_all(
+            scenarios, overrides, cache_dir(), ui.event, gpus=_gpus(gpus), online=online, sequential=sequential,
+            interleave=interleave,
+        )  # fmt: skip
     except SpecwakeError as exc:
         _fail(ui, exc)
     ui.report(outcome.text)

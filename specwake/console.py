@@ -85,9 +85,10 @@ class Ui:
             sys.stdout.write("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
         sys.stdout.flush()
 
-    def report(self, text: str) -> None:
-        """A report on stdout: the Markdown verbatim when stdout is a file or pipe (pasteable), plain text on a
-        terminal (no HTML wrappers, no escapes)."""
-        shown = for_terminal(text) if self._stdout_is_terminal else text
+    def report(self, text: str, *, plain: bool = False) -> None:
+        """A report on stdout: the Markdown verbatim when stdout is a file or pipe (pasteable: `report` and `compare`
+        output goes to PR comments and step summaries), plain text on a terminal or when `plain` (no HTML wrappers,
+        no escapes: `run` prints into CI logs; its Markdown is in report.md and the step summary)."""
+        shown = for_terminal(text) if self._stdout_is_terminal or plain else text
         sys.stdout.write(shown if shown.endswith("\n") else shown + "\n")
         sys.stdout.flush()

@@ -13,12 +13,13 @@ import datetime as dt
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specwake.errors import InputError, ResultsUnwritable
-from specwake.files import write_atomic
+from specwake.files import what_it_is, write_atomic
 from specwake.results import ScenarioResult, from_dict
 
 RESULT_FILE = "result.json"
@@ -47,14 +48,22 @@ def new_run_dir(root: Path, label: str, now: dt.datetime) -> Path:
 
 
 def check_writable(root: Path) -> None:
-    """Fail before anything is launched when results could not be written (exit 3, naming the path)."""
+    """Fail before anything is launched when results could not be written (exit 3, naming the path). Creates
+    nothing: a run refused later must not leave an empty results folder behind."""
+    existing = root
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ResultsUnwritable(f"results folder not writable: {existing} is not a folder")
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".specwake-write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        if existing != root:  # the folders a run would create: their nearest existing parent must take one
+            Path(tempfile.mkdtemp(dir=existing, prefix=".specwake-write-test-")).rmdir()
+        else:
+            probe = root / f".specwake-write-test-{os.getpid()}"
+            probe.write_text("ok")
+            probe.unlink()
     except OSError as exc:
-        raise ResultsUnwritable(f"results folder not writable: {exc.filename or root}: {exc.strerror}") from None
+        raise ResultsUnwritable(f"results folder not writable: {root}: {exc.strerror}") from None
 
 
 @dataclass(frozen=True)
@@ -104,8 +113,9 @@ def write_files(folder: Path, files: Mapping[str, str]) -> None:
 def load_result(path: Path) -> ScenarioResult:
     """Read a result.json or a run folder's; raises InputError("<path>: <reason>") otherwise."""
     file = path / RESULT_FILE if path.is_dir() else path
-    if not file.exists():
-        raise InputError(f"{file}: no such file")
+    problem = what_it_is(file)
+    if problem is not None:
+        raise InputError(f"{file}: {'no such file' if problem == 'not found' else problem}")
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -163,7 +173,8 @@ def load_results(path: Path, *, every_run: bool = False) -> Loaded:
     if path.is_file():
         return Loaded([load_result(path)])
     if not path.is_dir():
-        raise InputError(f"{path}: no such file or folder")
+        problem = what_it_is(path)
+        raise InputError(f"{path}: {'no such file or folder' if problem == 'not found' else problem}")
     own = scenario_results(path)
     if own:
         return Loaded([load_result(p) for p in own])

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specwake.errors import ScenarioError
+from specwake.files import what_it_is
 from specwake.judge.expectations import DEFAULT_TOLERANCE, Limits
 from specwake.prepare.scenario_file import (
     BUILTIN_PROMPTS,
@@ -117,7 +118,13 @@ class Overrides:
 
 
 def _error_from_validation(file: str, exc: ValidationError) -> ScenarioError:
-    err = exc.errors()[0]
+    """Every problem pydantic found, the first as the key of the one line, the others after it."""
+    problems = [_problem(err) for err in exc.errors()]
+    (loc, msg), rest = problems[0], problems[1:]
+    return ScenarioError(file, loc, msg + "".join(f"; {key}: {text}" if key else f"; {text}" for key, text in rest))
+
+
+def _problem(err: Any) -> tuple[str, str]:
     # A union adds its member's tag to the location ("cycle.level.literal[1,2]"): the key is what users wrote.
     loc = ".".join(str(part) for part in err["loc"] if "[" not in str(part))
     msg = err["msg"].removeprefix("Value error, ")
@@ -127,12 +134,9 @@ def _error_from_validation(file: str, exc: ValidationError) -> ScenarioError:
         msg = f"unknown key{did_you_mean(key, allowed)}"
     elif err["type"] == "missing":
         msg = "is required"
-    more = len(exc.errors()) - 1
-    if more:
-        msg += f" (+{more} more problem{'s' if more > 1 else ''})"
     if msg.startswith(("expect.", "cycle.", "variants.", "server.")):  # a model-level check already carries its key
         loc, msg = msg.split(": ", 1)
-    return ScenarioError(file, loc, msg)
+    return loc, msg
 
 
 def _load_prompts(file: Path, spec: str | list[str]) -> tuple[str, ...]:
@@ -151,10 +155,11 @@ def _load_prompts(file: Path, spec: str | list[str]) -> tuple[str, ...]:
             )
         return BUILTIN_PROMPTS[name]
     path = (file.parent / spec).expanduser()
+    problem = what_it_is(path)
+    if problem is not None:
+        raise ScenarioError(str(file), key, f"prompts file {problem}: {path}")
     try:
         text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(str(file), key, f"prompts file not found: {path}") from None
     except UnicodeDecodeError:
         raise ScenarioError(str(file), key, f"prompts file is not UTF-8: {path}") from None
     except OSError as exc:
@@ -227,10 +232,11 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
 
 
 def _read_toml(file: Path, shown: str) -> tuple[bytes, dict[str, Any]]:
+    problem = what_it_is(file)
+    if problem is not None:
+        raise ScenarioError(shown, "", "scenario file not found" if problem == "not found" else problem)
     try:
         data = file.read_bytes()
-    except FileNotFoundError:
-        raise ScenarioError(shown, "", "scenario file not found") from None
     except OSError as exc:
         raise ScenarioError(shown, "", f"cannot read: {exc.strerror}") from None
     try:
@@ -332,6 +338,7 @@ def _resolve_patch(shown: str, file: Path, name: str, section: VariantSection, o
         )
     else:
         return None
-    if not patch.is_file():
-        raise ScenarioError(shown, key, f"patch file not found: {patch}")
+    problem = what_it_is(patch)
+    if problem is not None:
+        raise ScenarioError(shown, key, f"patch file {problem}: {patch}")
     return patch

@@ -257,14 +257,28 @@ class ScenarioFile(_Strict):
         if "push_to" in self.cycle.model_fields_set:
             raise ValueError('cycle.push_to: only with cycle.reload = "push" or "weight_transfer"')
         for name, section in self.variants.items():
-            for key in ("push_to", "push_scale"):
+            for key, reloads in (("push_to", '"push" or "weight_transfer"'), ("push_scale", '"push"')):
                 if key in section.model_fields_set:
-                    raise ValueError(f'variants.{name}.{key}: only with cycle.reload = "push"')
+                    raise ValueError(f"variants.{name}.{key}: only with cycle.reload = {reloads}")
         return self
 
 
+# Keys users reach for that are spelled otherwise here (a misspelling is found by difflib; these are other words).
+ALIASES = {
+    "cycles": "count",
+    "num_cycles": "count",
+    "cycle_count": "count",
+    "levels": "level",
+    "timeout_s": "step_timeout_s",
+    "k": "num_speculative_tokens",
+    "num_draft_tokens": "num_speculative_tokens",
+    "tp": "tensor_parallel_size",
+}
+
+
 def did_you_mean(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1)
+    alias = ALIASES.get(word)
+    close = [alias] if alias in choices else difflib.get_close_matches(word, choices, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

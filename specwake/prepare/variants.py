@@ -253,6 +253,8 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
         rule = speed_rule(scenario.min_speedup_recovery, prep.l2_discard)
         verb = {"push": "pushes to", "weight_transfer": "syncs through vLLM's weight-transfer API:"}.get(c.reload)
         pushed = f"; {verb} {' and '.join(prep.variant.push_to)}" if verb else ""
+        if prep.variant.push_scale:
+            pushed += ", scaling " + ", ".join(f"{n} ×{f:g}" for n, f in prep.variant.push_scale.items())
         lines.append(
             f"    {prep.variant.name}: expect {prep.variant.expected}{pushed}; speed {rule.min_ratio:.2f}× fresh"
             f" — {rule.why}"
@@ -296,6 +298,8 @@ def describe(
         lines.append(f"    L2 discard: {prep.l2_discard}")
         where = ",".join(map(str, plan.gpus)) if plan.gpus else ("all visible" if engine.is_gpu else "none (CPU)")
         lines.append(f"    gpus: {where}")
+        if plan.cores:
+            lines.append(f"    cores: {','.join(map(str, plan.cores))} (the server is confined to them)")
         lines.append("    argv: " + shlex.join(plan.argv))
         for key, value in sorted(redact_env(plan.env_added).items()):
             lines.append(f"    env: {key}={value}")

@@ -14,7 +14,7 @@ from specwake.results import ScenarioResult, VariantResult, to_dict
 
 STAGE_COLUMNS = tuple(
     """
-    scenario variant outcome expected stage cycle acceptance_length num_drafts num_draft_tokens
+    scenario run variant outcome expected stage cycle acceptance_length num_drafts num_draft_tokens
     num_accepted_tokens acceptance_rate per_position requests tok_s_median tok_s_min tok_s_max
     outputs_match_fresh counters_reset tok_s_ci_low tok_s_ci_high tok_s_vs_fresh tok_s_vs_fresh_low
     tok_s_vs_fresh_high
@@ -32,6 +32,7 @@ def _stage_record(result: ScenarioResult, variant: VariantResult, row: Row) -> d
     rate = stage.num_accepted_tokens / stage.num_draft_tokens if stage.num_draft_tokens else None
     return {
         "scenario": result.name,
+        "run": result.started_at,  # tells runs of one scenario apart (report --all)
         "variant": variant.name,
         "outcome": variant.outcome,
         "expected": variant.expected,

@@ -26,9 +26,15 @@ from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
 EMULATED_NOTE = (
     "L2 discard emulated on CPU: after /sleep?level=2 specwake overwrote every parameter and plain tensor attribute "
     "of target and drafter ({fill}), kept the buffers (vLLM copies them to host memory across an L2 sleep) and made "
-    "the packed CPU copies of linear layers answer as discarded until a reload replaces them; wake and "
-    "reload_weights are unmodified vLLM"
+    "the packed CPU copies of linear layers answer as discarded until a reload replaces them; {restored}"
 )
+# What brought the weights back, by [cycle] reload: only what ran is named.
+RESTORED_BY = {
+    "reload_weights": "wake and reload_weights are unmodified vLLM",
+    "push": "wake is unmodified vLLM; the weights came back by specwake's push ({pushed})",
+    "weight_transfer": "wake and the weight-transfer sessions are unmodified vLLM, with specwake's file transport"
+    " ({pushed})",
+}
 FILL_WORDS = {"zero": "zeros", "nan": "NaN", "random": "random values, like memory CUDA hands back uncleared"}
 RESET_MARK = " †"
 RESET_NOTE = "† a counter went backwards during this stage (engine restarted): its numbers count from the restart"
@@ -128,9 +134,21 @@ def _speed_text(variant: VariantResult, rule: SpeedRule) -> str:
 def _variant_line(variant: VariantResult, tolerance: float, rule: SpeedRule) -> str:
     found = f"; **findings**: {'; '.join(variant.findings)}" if variant.findings else ""
     return inline(
-        f"- **{variant.name}**: {variant.outcome} (expected {variant.expected}) {_mark(variant)}"
+        f"- **{variant.name}**: {variant.outcome} (expected {variant.expected}) {_mark(variant)}{_pushed(variant)}"
         f" — {explain(variant, tolerance)}{found}{_speed_text(variant, rule)}"
     )
+
+
+def _pushed(variant: VariantResult) -> str:
+    """What the variant's cycles pushed or synced instead of reloading (empty for a reload)."""
+    if not variant.push:
+        return ""
+    to = " and ".join(variant.push.get("to", []))
+    scale = variant.push.get("scale") or {}
+    scaled = " scaled " + ", ".join(f"{n} ×{f:g}" for n, f in scale.items()) if scale else ""
+    if variant.push.get("via") == "weight_transfer":
+        return f" · synced {to} through vLLM's weight-transfer API"
+    return f" · pushed {to}{scaled}"
 
 
 def _patched_vs_baseline(variants: Sequence[VariantResult]) -> list[str]:
@@ -230,11 +248,14 @@ def _setup_line(result: ScenarioResult) -> list[str]:
     return [inline(" · ".join(parts)), ""]
 
 
-def _scenario_section(result: ScenarioResult) -> list[str]:
+def _scenario_section(result: ScenarioResult, name_run: bool = False) -> list[str]:
+    """One scenario's section; `name_run`: its heading says which run it is (several runs of one scenario)."""
     tolerance = recorded_tolerance(result)
     icon = _VERDICT_ICON.get(result.verdict, "⚠️")
     status = result.verdict.upper() + ("" if result.complete else " (incomplete run)")
-    lines = [f"### {inline(result.name)} — {icon} {status}", "", *_setup_line(result), *_table(result.variants), ""]
+    run = f" — run {result.started_at}" if name_run else ""
+    lines = [f"### {inline(result.name)}{inline(run)} — {icon} {status}", "", *_setup_line(result)]
+    lines += [*_table(result.variants), ""]
     lines += [_variant_line(v, tolerance, recorded_speed_rule(result, v)) for v in result.variants]
     lines += _patched_vs_baseline(result.variants)
     lines += _floor_lines(result.variants)
@@ -246,7 +267,10 @@ def _scenario_section(result: ScenarioResult) -> list[str]:
     if any(v.l2_discard == "emulated" for v in result.variants):
         cycle = _section(result.scenario.get("settings") or {}, "cycle")
         fill = FILL_WORDS.get(str(cycle.get("discard_fill", "zero")), str(cycle.get("discard_fill")))
-        lines += ["", f"> {EMULATED_NOTE.format(fill=fill)}"]
+        restored = RESTORED_BY.get(str(cycle.get("reload", "reload_weights")), RESTORED_BY["reload_weights"])
+        pushed = "; ".join(f"{v.name}: {' and '.join(v.push.get('to', []))}" for v in result.variants if v.push)
+        note = EMULATED_NOTE.format(fill=fill, restored=restored.format(pushed=pushed))
+        lines += ["", f"> {note}"]
     for variant in result.variants:
         block = details(variant)
         lines += ["", *block] if block else []
@@ -310,10 +334,12 @@ def matrix(results: Sequence[ScenarioResult]) -> list[str]:
     """Scenario × variant outcomes at a glance (for a run of several scenarios, e.g. the CPU family matrix)."""
     names = _unique([v.name for r in results for v in r.variants])
     lines = ["| scenario | " + " | ".join(cell(n) for n in names) + " |", "| --- |" + " --- |" * len(names)]
+    scenarios = [r.name for r in results]
     for result in results:
         by_name = {v.name: v for v in result.variants}
         cells = [cell(_matrix_cell(by_name.get(n))) for n in names]
-        lines.append(f"| {cell(result.name)} | " + " | ".join(cells) + " |")
+        label = result.name + (f" ({result.started_at})" if scenarios.count(result.name) > 1 else "")
+        lines.append(f"| {cell(label)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -322,6 +348,7 @@ def render_markdown(results: Sequence[ScenarioResult]) -> str:
     lines = [f"## {verdict_line(results)}"]
     if len(results) > 1:
         lines += ["", *matrix(results)]
+    names = [r.name for r in results]
     for result in results:
-        lines += ["", *_scenario_section(result)]
+        lines += ["", *_scenario_section(result, name_run=names.count(result.name) > 1)]
     return "\n".join(lines) + "\n"

@@ -31,7 +31,7 @@ from specwake.prepare.variants import (
 from specwake.report import render_markdown
 from specwake.report.junit import write_junit
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
-from specwake.run.runner import Work, run_packed_scenarios, run_scenario
+from specwake.run.runner import MEASURING, Work, run_packed_scenarios, run_scenario, speed_binds
 from specwake.run.schedule import Job, plan_schedule
 from specwake.run.shards import Shard, jobs_of
 from specwake.runfolder import RESULT_FILE, RunLayout, check_writable, load_result, scenario_results, write_files
@@ -278,18 +278,39 @@ def check_all(
     *,
     gpus: tuple[int, ...] | None = None,
     online: bool = False,
+    sequential: bool = False,
+    interleave: bool = False,
 ) -> CheckOutcome:
     """Everything `run` resolves before launching, for every scenario, plus the GPU assignment packing would
     choose and where each model would be loaded from (`online`: the Hub asked too); launches no server.
     Input problems raise (exit 2), a missing engine raises (exit 3)."""
     inventory = gpus
     scenarios = [load_scenario(path, overrides) for path in paths]
+    _refuse_same_names(scenarios)  # as run does
     patches = [inspect_patches(s) for s in scenarios]
     prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]
     validate_run(scenarios, prepared, cache, events)
     problems = [p.platform_problem for variants in prepared for p in variants if p.platform_problem]
     assigned: dict[str, tuple[int, ...]] = {}
-    if any(p.engine.is_gpu for variants in prepared for p in variants) and not problems:
+    cores: dict[str, tuple[int, ...]] = {}
+    mode = ""
+    on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
+    if not on_gpu and not problems and not (sequential or interleave):
+        # run's CPU default: side by side, each server on cores of its own, as the packer would place them
+        work = [Work(s, ps, RunLayout(Path("."), ())) for s, ps in zip(scenarios, prepared, strict=True)]
+        mode = "overlapped" if speed_binds(work) else "parallel"
+        jobs = [
+            Job(f"{s.name}/{p.variant.name}", s.server.tensor_parallel_size)
+            for s, ps in zip(scenarios, prepared, strict=True)
+            for p in ps
+        ]
+        try:
+            cores = {a.job.key: a.gpus for a in plan_schedule(jobs, available_cpus())}
+        except ValueError as exc:
+            problems.append(str(exc))
+    elif not on_gpu:
+        mode = "interleaved" if interleave else "sequential"
+    if on_gpu and not problems:
         jobs = [
             Job(f"{s.name}/{p.variant.name}", s.server.tensor_parallel_size)
             for s, ps in zip(scenarios, prepared, strict=True)
@@ -303,10 +324,26 @@ def check_all(
             assigned = {a.job.key: a.gpus for a in plan}
     texts = []
     for scenario, variants in zip(scenarios, prepared, strict=True):
-        plans = [plan_variant(scenario, p, 0, assigned.get(f"{scenario.name}/{p.variant.name}", ())) for p in variants]
+        plans = [
+            plan_variant(scenario, p, 0, assigned.get(key(scenario, p), ()), cores.get(key(scenario, p), ()))
+            for p in variants
+        ]
         found = [availability(m, online=online) for m in _hub_models(scenario)]
         texts.append(describe(scenario, variants, plans, found))
+    if mode:
+        texts.append(f"run mode: {mode} — {RUN_MODES[mode]}")
     return CheckOutcome("\n".join(texts), problems)
+
+
+def key(scenario: Scenario, prep: PreparedVariant) -> str:
+    return f"{scenario.name}/{prep.variant.name}"
+
+
+RUN_MODES = {
+    **MEASURING,
+    "sequential": "one server at a time (--sequential)",
+    "interleaved": "a scenario's servers up at once, their stages alternated (--interleave)",
+}
 
 
 def _hub_models(scenario: Scenario) -> list[str]:

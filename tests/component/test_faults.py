@@ -317,3 +317,33 @@ def test_unwritable_results_folder_exits_3_before_launching(engine: FakeEngine, 
     assert proc.returncode == 3, proc.stderr
     assert "not writable" in proc.stderr and str(target.parent if where == "under-a-file" else target) in proc.stderr
     assert engine.invocations() == []  # not even the interpreter probe ran
+
+
+def test_a_refused_run_leaves_no_results_folder(engine: FakeEngine, tmp_path: Path) -> None:
+    """A run refused after its results folder was found writable (here: a real L2 sleep asked of a CPU engine)."""
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(engine).replace("[cycle]\n", '[cycle]\ndiscard = "native"\n'))
+    target = tmp_path / "not-yet" / "results"
+    proc = run_cli(["run", str(scenario), "--output", str(target)], tmp_path / "cache")
+    assert proc.returncode == 3, proc.stderr
+    assert not (tmp_path / "not-yet").exists()
+
+
+def test_check_refuses_two_scenarios_of_one_name_as_run_does(engine: FakeEngine, tmp_path: Path) -> None:
+    paths = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "s.toml").write_text(scenario_text(engine, name="same"))
+        paths.append(str(tmp_path / folder / "s.toml"))
+    for command in (["check", *paths], ["run", *paths, "--output", str(tmp_path / "out")]):
+        proc = run_cli(command, tmp_path / "cache")
+        assert proc.returncode == 2 and "is also the name of" in proc.stderr, (command[0], proc.stderr)
+
+
+def test_runs_report_in_a_ci_log_is_plain_text_and_its_files_keep_markdown(engine: FakeEngine, tmp_path: Path) -> None:
+    summary = tmp_path / "summary.md"
+    proc, out = run(engine, tmp_path, scenario_text(engine), GITHUB_STEP_SUMMARY=str(summary))
+    assert proc.returncode == 0, proc.stderr
+    assert "(n<6)" in proc.stdout and "&lt;" not in proc.stdout and "<sub>" not in proc.stdout  # a pipe: a CI log
+    report = (one_run_dir(out) / "report.md").read_text()
+    assert "(n&lt;6)" in report and "(n&lt;6)" in summary.read_text()  # Markdown files keep their escapes

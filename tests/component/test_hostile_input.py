@@ -161,3 +161,38 @@ def test_bad_input_exits_2_one_line_nothing_launched(tmp_path: Path, engine: Fak
     assert where in text and phrase in text, result.output
     assert engine.launched() == []  # no server started
     assert not out.exists() or list(out.iterdir()) == []  # no run folder (the writability probe may make `out`)
+
+
+@pytest.mark.parametrize("what", ["scenario", "patch", "prompts", "--patch", "result"])
+def test_a_fifo_where_a_file_belongs_is_refused_not_read(engine: FakeEngine, tmp_path: Path, what: str) -> None:
+    """Reading a FIFO blocks until a writer comes: every path a user names is checked for what it is first."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers.fakeengine import cli_env
+    from tests.helpers.paths import REPO
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    scenario = tmp_path / "s.toml"
+    text = scenario_text(engine)
+    args = ["run", str(scenario), "--output", str(tmp_path / "out")]
+    if what == "scenario":
+        args[1] = str(fifo)
+    elif what == "patch":
+        text = scenario_text(engine, variants={"baseline": {}, "patched": {}}, patch=str(fifo))
+    elif what == "prompts":
+        text = text.replace('prompts = ["one two three", "four five"]', f'prompts = "{fifo}"')
+    elif what == "--patch":
+        args += ["--patch", str(fifo)]
+    else:
+        args = ["report", str(fifo)]
+    scenario.write_text(text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specwake.cli", *args], cwd=REPO, env=cli_env(tmp_path / "cache"),
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "not a regular file" in proc.stderr and str(fifo) in proc.stderr
+    assert engine.launched() == [] and not (tmp_path / "out").exists()

@@ -33,10 +33,9 @@ RANDOM_FILL = "cpu-mimo-mtp-random"
 
 
 def family_scenarios() -> list[Path]:
-    """The family matrix: scenarios/cpu/*.toml but the weight-push ones (tests/e2e/test_push.py runs those)."""
-    return sorted(
-        p for p in CPU_SCENARIOS.glob("*.toml") if not p.name.startswith("push-")
-    )  # the MiMo family once more, its discard leaving random values, not zeros
+    """The family matrix: scenarios/cpu/*.toml but the weight pushes and syncs (tests/e2e/test_push.py and
+    tests/e2e/test_sync.py run those), as `make families` has them."""
+    return sorted(p for p in CPU_SCENARIOS.glob("*.toml") if not p.name.startswith(("push-", "sync-")))
 
 
 def copied(source: Path, folder: Path, name: str, extra: str = "", cycle: str = "") -> str:
@@ -55,6 +54,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     scenarios = [copied(path, folder, path.name, extra=naive) for path in family_scenarios()]
     mimo = (CPU_SCENARIOS / "mimo-mtp.toml").read_text().replace('name = "cpu-mimo-mtp"', f'name = "{RANDOM_FILL}"')
     (folder / "mimo-source.toml").write_text(mimo)
+    # the MiMo family once more, its discard leaving random values, not zeros
     scenarios.append(copied(folder / "mimo-source.toml", folder, "mimo-random.toml", cycle='discard_fill = "random"\n'))
     return run_scenario_cli(scenarios, tmp_path_factory.mktemp("results"), timeout=3600)
 

@@ -67,6 +67,12 @@ BAD = [
         ">= 1",
     ),
     ("surprise = 1\n" + MINIMAL, "surprise", "unknown key"),
+    (MINIMAL + "[cycle]\ncycles = 2\n", "cycle.cycles", "unknown key (did you mean 'count'?)"),
+    (  # every problem is named, not "(+1 more problem)"
+        MINIMAL + "[cycle]\ncount = 0\ndiscard_fill = 'ones'\n",
+        "cycle.count",
+        "; cycle.discard_fill: Input should be 'zero', 'nan' or 'random'",
+    ),
     (MINIMAL + "[cycle]\nlevel = [1, 1]\n", "cycle.level: ", "distinct"),
     (MINIMAL + "[cycle]\nlevel = [3]\n", "cycle.level: ", "1 or 2"),
     (MINIMAL + "[cycle]\nreload = 'pull'\n", "cycle.reload", "'reload_weights', 'push' or 'weight_transfer'"),

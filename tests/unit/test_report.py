@@ -27,7 +27,7 @@ from specwake.report import (
     run_files,
     stages_frame,
 )
-from specwake.report.summary import EMULATED_NOTE, RESET_NOTE
+from specwake.report.summary import EMULATED_NOTE, RESET_NOTE, RESTORED_BY
 from specwake.results import SCHEMA, StepResult, VariantResult, from_dict
 from specwake.runfolder import load_result, write_files
 from tests.helpers.builders import (
@@ -137,7 +137,7 @@ def test_variant_lines_carry_outcome_explanation_and_speed_call() -> None:
     assert "× fresh (3 vs 6 requests): **inconclusive** — too few requests for a 1% test" in text
     assert "- **patched**: recover (expected recover) ✓ — AL 4.00 → 4.00 → 3.92" in text
     assert "(3 fresh need ≥ 7 post-cycle); counts: set by the scenario" in text
-    assert EMULATED_NOTE.format(fill="zeros") in text
+    assert EMULATED_NOTE.format(fill="zeros", restored=RESTORED_BY["reload_weights"]) in text
 
 
 def test_patched_over_baseline_ratio_line() -> None:
@@ -351,3 +351,33 @@ def test_load_not_a_result(tmp_path: Path, content: str) -> None:
     path = tmp_path / "result.json"
     path.write_bytes(content.encode("utf-8", errors="surrogateescape"))
     _error_for(path)
+
+
+def test_a_push_runs_footnote_names_the_push_not_a_reload_that_never_ran() -> None:
+    result = tiny_cpu()
+    settings = {
+        **result.scenario["settings"],
+        "cycle": {**result.scenario["settings"].get("cycle", {}), "reload": "push"},
+    }
+    pushed = [
+        replace(v, push={"to": ["target", "draft"] if v.name == "patched" else ["target"], "scale": {}})
+        for v in result.variants
+    ]
+    text = render_markdown([replace(result, scenario={**result.scenario, "settings": settings}, variants=pushed)])
+    note = next(line for line in text.splitlines() if line.startswith("> L2 discard emulated"))
+    assert "reload_weights" not in note
+    assert "specwake's push (baseline: target; patched: target and draft)" in note
+    assert "- **patched**: recover (expected recover) ✓ · pushed target and draft —" in text
+
+
+def test_runs_of_one_scenario_are_told_apart_in_the_report_and_the_csv() -> None:
+    first = tiny_cpu()
+    second = replace(first, started_at="2026-12-02T02:17:00+00:00")
+    text = render_markdown([first, second])
+    assert (
+        f"### tiny-cpu — run {first.started_at} —" in text and "### tiny-cpu — run 2026-12-02T02:17:00+00:00 —" in text
+    )
+    assert "| tiny-cpu (2026-12-02T02:17:00+00:00) |" in text
+    assert "— run " not in render_markdown([first])  # one run: headings as before
+    frame = pd.read_csv(io.StringIO(render_csv([first, second])))
+    assert sorted(set(frame["run"])) == sorted({first.started_at, second.started_at})

@@ -78,3 +78,17 @@ def test_errors_name_the_path(tmp_path: Path) -> None:
     empty.mkdir()
     with pytest.raises(InputError, match="no run folder"):
         load_results(empty)
+
+
+def test_result_files_get_the_permissions_of_any_new_file(tmp_path: Path) -> None:
+    import os
+
+    from specwake.files import write_atomic
+
+    previous = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "result.json", "{}")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "result.json").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temporary left
