@@ -254,7 +254,7 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
         verb = {"push": "pushes to", "weight_transfer": "syncs through vLLM's weight-transfer API:"}.get(c.reload)
         pushed = f"; {verb} {' and '.join(prep.variant.push_to)}" if verb else ""
         if prep.variant.push_scale:
-            pushed += ", scaling " + ", ".join(f"{n} ×{f:g}" for n, f in prep.variant.push_scale.items())
+            pushed += ", scaling " + ", ".join(f"{n} ×{f:g}" for n, f in prep.variant.push_scale)
         lines.append(
             f"    {prep.variant.name}: expect {prep.variant.expected}{pushed}; speed {rule.min_ratio:.2f}× fresh"
             f" — {rule.why}"
