@@ -201,22 +201,35 @@ def call_change(r: Ratio, threshold: float) -> str:
     return "inconclusive"
 
 
-# Two-sided 95 % critical values of Student's t, df = 1..30; beyond, a Cornish-Fisher expansion of the normal.
-_T95 = (
+# Critical values of Student's t for df = 1..30; beyond, a Cornish-Fisher expansion of the normal point z.
+_T95 = (  # two-sided 95 % (one-sided 2.5 %)
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
     2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
+_T99_ONE_SIDED = (  # one-sided 1 %
+    31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764,
+    2.718, 2.681, 2.650, 2.624, 2.602, 2.583, 2.567, 2.552, 2.539, 2.528,
+    2.518, 2.508, 2.500, 2.492, 2.485, 2.479, 2.473, 2.467, 2.462, 2.457,
+)  # fmt: skip
+
+
+def _t(table: tuple[float, ...], z: float, df: int) -> float:
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be ≥ 1, got {df}")
+    if df <= len(table):
+        return table[df - 1]
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def t95(df: int) -> float:
     """The two-sided 95 % critical value of Student's t with `df` degrees of freedom (df ≥ 1)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be ≥ 1, got {df}")
-    if df <= len(_T95):
-        return _T95[df - 1]
-    z = 1.959963984540054
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    return _t(_T95, 1.959963984540054, df)
+
+
+def t99(df: int) -> float:
+    """The one-sided 1 % critical value of Student's t with `df` degrees of freedom (df ≥ 1)."""
+    return _t(_T99_ONE_SIDED, 2.3263478740408408, df)
 
 
 @dataclass(frozen=True)

@@ -28,27 +28,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from specwake.judge.stats import t99
+
 ALPHA = 0.01  # one-sided
 MIN_RUNS = 3  # earlier runs needed to measure the spread between runs
 MIN_REQUESTS = 3  # requests a stage needs to count
 WORDS = ("drop", "gain", "same", "inconclusive")
-
-# One-sided 1 % points of Student's t, df = 1..30; beyond, a Cornish-Fisher expansion of the normal.
-_T99 = (
-    31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764,
-    2.718, 2.681, 2.650, 2.624, 2.602, 2.583, 2.567, 2.552, 2.539, 2.528,
-    2.518, 2.508, 2.500, 2.492, 2.485, 2.479, 2.473, 2.467, 2.462, 2.457,
-)  # fmt: skip
-
-
-def t99(df: int) -> float:
-    """The one-sided 1 % critical value of Student's t with `df` degrees of freedom (df ≥ 1)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be ≥ 1, got {df}")
-    if df <= len(_T99):
-        return _T99[df - 1]
-    z = 2.3263478740408408
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from specwake.runfolder import write_files
 from tests.helpers.builders import dropped, scaled, tiny_cpu
 from tests.helpers.fakeengine import FakeEngine, one_run_dir, run_cli, scenario_text
 from tests.helpers.paths import REPO
+from tests.helpers.procs import check_schema
 
 PIPELINE = REPO / "examples" / "nightly-gpu.buildkite.yml"
 
@@ -35,10 +36,7 @@ def step(key: str) -> dict[str, Any]:
 
 
 def test_the_pipeline_is_valid_against_buildkites_schema() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.buildkite", str(PIPELINE)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = check_schema(PIPELINE, "vendor.buildkite")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

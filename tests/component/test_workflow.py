@@ -19,6 +19,7 @@ from specwake.results import ScenarioResult
 from specwake.runfolder import write_files
 from tests.helpers.builders import dropped, scaled, tiny_cpu
 from tests.helpers.paths import REPO
+from tests.helpers.procs import check_schema
 
 WORKFLOW = REPO / "examples" / "nightly-gpu.yml"
 # How GitHub runs `run:` for `shell: bash` and for no shell at all (docs: "Defaults / shell").
@@ -40,10 +41,7 @@ def step(name: str) -> dict[str, Any]:
 
 
 def test_the_workflow_is_valid_against_githubs_schema() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = check_schema(WORKFLOW, "vendor.github-workflows")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

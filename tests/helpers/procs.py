@@ -120,3 +120,12 @@ def running(server: Server) -> Iterator[Server]:
         yield server
     finally:
         server.stop()
+
+
+def check_schema(path: Path, builtin: str) -> subprocess.CompletedProcess[str]:
+    """check-jsonschema on `path` against one of the schemas it ships (`vendor.github-workflows`,
+    `vendor.buildkite`, …): offline, as CI validates a pipeline file."""
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", builtin, str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip

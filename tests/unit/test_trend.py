@@ -14,7 +14,8 @@ import random
 
 import pytest
 
-from specwake.judge.trend import ALPHA, MIN_RUNS, t99, trend_call
+from specwake.judge.stats import t99
+from specwake.judge.trend import ALPHA, MIN_RUNS, trend_call
 
 TRIALS = 1000
 STAGES = ("fresh", "after L2 #1", "after L2 #2")
