@@ -294,6 +294,46 @@ def compare(
     raise typer.Exit(EXIT_FAIL if any(c.counted_regressions for c in comparisons) else 0)
 
 
+@app.command()
+def bisect(
+    scenario: Annotated[Path, typer.Argument(help="Scenario TOML file.", show_default=False)],
+    vllm_repo: Annotated[Path, typer.Option(help="A git checkout of vLLM.", show_default=False)],
+    good: Annotated[str, typer.Option(help="A commit whose outcome is the good one (measured first).")],
+    bad: Annotated[str, typer.Option(help="A later commit whose outcome differs.")],
+    base: Annotated[
+        str | None, typer.Option(help="The commit the installed vLLM was built from (default: the tag of its version).")
+    ] = None,
+    variant: Annotated[
+        str | None, typer.Option(help="The variant to run (default: baseline); it must have no patch of its own.")
+    ] = None,
+    expect: Annotated[
+        str | None, typer.Option(help="Good means this outcome (default: the --good commit's outcome).")
+    ] = None,
+    cycles: Annotated[int, typer.Option(min=1, help="Sleep/wake cycles per step.")] = 1,
+    output: Annotated[Path, typer.Option(help="Results folder; the bisect gets a new sub-folder.")] = Path("results"),
+) -> None:
+    """Find the vLLM commit that changed a variant's outcome (broke or fixed it): each step overlays the commit's
+    Python diff from BASE onto the installed vLLM and runs the variant; no rebuild. Exit 0 found, 1 no change in
+    the range, 2 bad input, 3 only skipped commits remain."""
+    from specwake.run.bisect import BisectRequest, render, run_bisect
+
+    ui = Ui()
+    request = BisectRequest(scenario, vllm_repo, good, bad, output, base, variant, expect, cycles)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        with ui:
+            outcome = run_bisect(request, ui.event)
+    except SpecwakeError as exc:
+        _fail(ui, exc)
+    except KeyboardInterrupt:
+        ui.error("interrupted: servers stopped; the steps run so far are in the bisect's folder")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    ui.report(render(outcome), plain=True)
+    raise typer.Exit(outcome.exit_code)
+
+
 @models_app.command("list")
 def models_list() -> None:
     """Every builtin model: name, drafter family, role, size, and whether it is built in the cache."""

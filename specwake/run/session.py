@@ -49,6 +49,7 @@ class RunRequest:
     junit: Path | None = None
     resume: Path | None = None
     shard: Shard | None = None  # run only this machine's share of the scenario × variant jobs
+    loaded: tuple[Scenario, ...] = ()  # scenarios already loaded (and changed, as bisect does) instead of the files
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def _layout(request: RunRequest, scenarios: Sequence[Scenario]) -> RunLayout:
 def execute(request: RunRequest, events: Events) -> RunOutcome:
     """Everything `specwake run` does; raises SpecwakeError subclasses for input (2) and infrastructure (3)."""
     gpus, shard = request.gpus, request.shard
-    scenarios = [load_scenario(path, request.overrides) for path in request.scenarios]
+    scenarios = list(request.loaded) or [load_scenario(path, request.overrides) for path in request.scenarios]
     _refuse_same_names(scenarios)
     jobs = [(f"{s.name}/{v.name}", s.server.tensor_parallel_size) for s in scenarios for v in s.variants]
     mine = jobs_of(shard, jobs) if shard is not None else None

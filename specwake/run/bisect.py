@@ -1,0 +1,368 @@
+"""`specwake bisect`: which vLLM commit changed a variant's outcome, on one installed build, without a rebuild.
+
+Each step overlays `git diff BASE..C -- vllm/**.py` onto the installed vLLM (the same overlay a scenario's patch
+gets: prepare/overlay.py) and runs the scenario's chosen variant, one cycle unless told otherwise. BASE is the
+commit the installed build corresponds to (default: the tag of its version). A commit whose diff from BASE touches
+anything that is not Python under vllm/ (csrc/, CMakeLists.txt, setup.py, …) cannot be overlaid honestly, and one
+whose diff does not apply cannot be run: both are skipped, as `git bisect skip` would, with the reason.
+
+Good and bad are decided by outcome: a commit is good when its outcome is the `--good` commit's (measured first),
+or, with `--expect`, when it is that outcome. The search is a binary search over the first-parent-free list of
+commits between good and bad (`git rev-list --ancestry-path`), so at most ⌈log2 N⌉ runs follow the two endpoints.
+The same search finds the commit that fixed a failure: `--good` older and failing, `--bad` newer and passing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import math
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS, InputError, PatchError
+from specwake.events import Event, Events
+from specwake.files import write_atomic
+from specwake.judge.expectations import EXPECTATIONS
+from specwake.prepare.models import cache_dir
+from specwake.prepare.scenario import Overrides, load_scenario
+from specwake.results import VariantResult
+from specwake.run.session import RunRequest, execute
+
+BISECT_FILE = "bisect.json"
+
+
+def git(repo: Path, *args: str) -> str:
+    """`git -C repo ARGS` → stdout; InputError with git's own message when it fails."""
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        message = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        raise InputError(f"--vllm-repo {repo}: git {' '.join(args[:2])}: {message[-1] if message else 'failed'}")
+    return proc.stdout
+
+
+def resolve(repo: Path, ref: str, flag: str) -> str:
+    try:
+        return git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").strip()
+    except InputError:
+        raise InputError(f"{flag} {ref}: not a commit of {repo}") from None
+
+
+def not_python(paths: Sequence[str]) -> list[str]:
+    """Paths an overlay of Python files cannot carry: anything but `vllm/**.py`."""
+    return [p for p in paths if not (p.startswith("vllm/") and p.endswith(".py"))]
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    subject: str
+    date: str  # author date, ISO 8601
+
+    @property
+    def short(self) -> str:
+        return self.sha[:10]
+
+
+@dataclass
+class Step:
+    commit: Commit
+    verdict: str  # good | bad | skip
+    outcome: str | None = None
+    al_fresh: float | None = None
+    al_after: list[float | None] = field(default_factory=list)
+    seconds: float = 0.0
+    reason: str = ""  # why skipped, or what decided it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "commit": dataclasses.asdict(self.commit)}
+
+
+@dataclass(frozen=True)
+class BisectRequest:
+    scenario: Path
+    repo: Path
+    good: str
+    bad: str
+    output: Path
+    base: str | None = None
+    variant: str | None = None
+    expect: str | None = None
+    cycles: int = 1
+
+
+@dataclass
+class BisectOutcome:
+    root: Path
+    steps: list[Step]
+    exit_code: int
+    found: Commit | None = None
+    word: str = "first bad"  # first bad | first fixed
+    files: list[str] = field(default_factory=list)
+    candidates: list[Commit] = field(default_factory=list)  # when only skipped commits remain
+    message: str = ""
+
+
+class Bisect:
+    """One bisect: the commits, the steps run so far, and how each commit is judged."""
+
+    def __init__(self, request: BisectRequest, events: Events) -> None:
+        self.request, self.events = request, events
+        repo = request.repo
+        if not (repo / ".git").exists() and not git(repo, "rev-parse", "--git-dir").strip():
+            raise InputError(f"--vllm-repo {repo}: not a git checkout")
+        self.scenario = load_scenario(request.scenario, Overrides(cycles=request.cycles))
+        self.variant = self._variant(request.variant)
+        self.good, self.bad = resolve(repo, request.good, "--good"), resolve(repo, request.bad, "--bad")
+        if request.expect is not None and request.expect not in EXPECTATIONS:
+            raise InputError(f"--expect {request.expect}: not an outcome (one of {', '.join(EXPECTATIONS)})")
+        try:
+            git(repo, "merge-base", "--is-ancestor", self.good, self.bad)
+        except InputError:
+            raise InputError(f"--good {request.good} is not an ancestor of --bad {request.bad}") from None
+        shas = git(repo, "rev-list", "--reverse", "--ancestry-path", f"{self.good}..{self.bad}").split()
+        self.commits = [self._commit(sha) for sha in shas]  # after good, up to and including bad
+        if not self.commits:
+            raise InputError(f"--good {request.good} and --bad {request.bad} are the same commit")
+        self.base = self._base(request.base)
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        self.root = request.output / f"{stamp}-bisect-{self.scenario.name}"
+        self.steps: list[Step] = []
+        self.good_outcome: str | None = request.expect
+
+    def _variant(self, name: str | None) -> str:
+        names = [v.name for v in self.scenario.variants]
+        chosen = name or ("baseline" if "baseline" in names else names[0])
+        if chosen not in names:
+            raise InputError(f"--variant {chosen}: {self.scenario.file} has {', '.join(names)}")
+        variant = next(v for v in self.scenario.variants if v.name == chosen)
+        if variant.patch is not None:
+            raise InputError(
+                f"--variant {chosen}: it has a patch of its own ({variant.patch}); bisect overlays each commit's"
+                " diff onto the installed vLLM, so choose a variant without one"
+            )
+        return chosen
+
+    def _commit(self, sha: str) -> Commit:
+        subject, date = git(self.request.repo, "show", "-s", "--format=%s%n%aI", sha).splitlines()[:2]
+        return Commit(sha, subject, date)
+
+    def _base(self, base: str | None) -> str:
+        if base is not None:
+            return resolve(self.request.repo, base, "--base")
+        from specwake.prepare.engine import probe_engine, resolve_python
+
+        variant = next(v for v in self.scenario.variants if v.name == self.variant)
+        version = probe_engine(resolve_python(variant.python), cache_dir()).vllm_version
+        for tag in (f"v{version}", version):
+            try:
+                return resolve(self.request.repo, tag, "--base")
+            except InputError:
+                continue
+        raise InputError(
+            f"--base: the installed vLLM is {version} and {self.request.repo} has no tag v{version}; name the commit"
+            " the installed build was made from with --base"
+        )
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self, commit: Commit) -> Step:
+        """Overlay the commit's Python diff from BASE, run the variant, judge the outcome (or skip)."""
+        repo = self.request.repo
+        changed = git(repo, "diff", "--name-only", self.base, commit.sha).split()
+        foreign = not_python(changed)
+        if foreign:
+            shown = ", ".join(foreign[:4]) + (f" (+{len(foreign) - 4} more)" if len(foreign) > 4 else "")
+            return self._skipped(commit, f"its diff from BASE touches files an overlay cannot carry: {shown}")
+        diff = git(repo, "diff", "--no-color", "--no-ext-diff", "--binary", self.base, commit.sha, "--", "vllm/")
+        folder = self.root / "steps" / commit.short
+        patch: Path | None = None
+        if diff.strip():
+            patch = folder / "vllm.diff"
+            write_atomic(patch, diff)
+        variant = next(v for v in self.scenario.variants if v.name == self.variant)
+        scenario = dataclasses.replace(
+            self.scenario, variants=(dataclasses.replace(variant, patch=patch, expected="any"),)
+        )
+        started = time.monotonic()
+        request = RunRequest(
+            scenarios=[self.request.scenario], overrides=Overrides(), output=folder, cache=cache_dir(),
+            sequential=True, loaded=(scenario,),
+        )  # fmt: skip
+        try:
+            result = execute(request, lambda event: None).results[0].variants[0]
+        except PatchError as exc:
+            return self._skipped(commit, f"its diff does not apply to the installed vLLM: {exc}")
+        step = self._judged(commit, result, time.monotonic() - started)
+        self.steps.append(step)
+        return step
+
+    def _skipped(self, commit: Commit, reason: str) -> Step:
+        step = Step(commit, "skip", reason=reason)
+        self.steps.append(step)
+        self.events(Event(f"skip {commit.short} {commit.subject}: {reason}"))
+        return step
+
+    def _judged(self, commit: Commit, result: VariantResult, seconds: float) -> Step:
+        fresh = result.fresh
+        after = [s.acceptance_length for s in result.stages_by_cycle if s.cycle > 0]
+        if self.good_outcome is None:
+            self.good_outcome = result.outcome  # the --good commit, measured first
+        verdict = "good" if result.outcome == self.good_outcome else "bad"
+        return Step(
+            commit, verdict, result.outcome, fresh.acceptance_length if fresh else None, after, round(seconds, 1),
+            f"outcome {result.outcome}" + ("" if verdict == "good" else f", not {self.good_outcome}"),
+        )  # fmt: skip
+
+
+def run_bisect(request: BisectRequest, events: Events) -> BisectOutcome:
+    """The whole bisect (see the module docstring); raises InputError (exit 2) before any run on bad input."""
+    b = Bisect(request, events)
+    say = events
+    good_commit = b._commit(b.good)
+    n = len(b.commits)
+    bound = math.ceil(math.log2(n)) + 2 if n > 1 else 2
+    say(Event(f"bisecting {n} commit(s) of {request.repo} on {b.scenario.name}/{b.variant}, base {b.base[:10]};"
+              f" at most {bound} runs"))  # fmt: skip
+    runs = 0
+
+    def measure(commit: Commit, label: str) -> Step:
+        nonlocal runs
+        say(Event(f"{label}: {commit.short} {commit.subject}"))
+        step = b.step(commit)
+        if step.verdict != "skip":
+            runs += 1
+            say(Event(f"{label}: {commit.short} → {step.outcome} ({step.verdict}) in {step.seconds:.0f} s"))
+        return step
+
+    first = measure(good_commit, "good endpoint")
+    if first.verdict == "skip":
+        raise InputError(f"--good {request.good}: cannot be run ({first.reason})")
+    if first.verdict == "bad":  # only with --expect: the good commit does not do what is expected of good ones
+        return _finish(
+            b,
+            BisectOutcome(
+                b.root,
+                b.steps,
+                EXIT_FAIL,
+                message=(
+                    f"--good {request.good} gives {first.outcome}, not the expected {request.expect}: nothing to bisect"
+                ),
+            ),
+        )
+    last = measure(b.commits[-1], "bad endpoint")
+    if last.verdict == "good":
+        return _finish(
+            b,
+            BisectOutcome(
+                b.root,
+                b.steps,
+                EXIT_FAIL,
+                message=(
+                    f"--bad {request.bad} gives {last.outcome} as --good does: the range holds no change of outcome"
+                ),
+            ),
+        )
+    word = "first fixed" if first.outcome not in ("recover",) and last.outcome == "recover" else "first bad"
+    lo, hi = -1, n - 1  # commits[lo] (or good) is good; commits[hi] is bad or, if skipped, assumed bad
+    skipped: set[int] = {n - 1} if last.verdict == "skip" else set()
+    while True:
+        pending = [i for i in range(lo + 1, hi) if i not in skipped]
+        if not pending:
+            break
+        middle = (lo + hi) // 2
+        i = min(pending, key=lambda k: (abs(k - middle), k))  # the middle, or its nearest runnable neighbour
+        say(Event(f"step {runs + 1}/{bound}: {hi - lo - 1} commit(s) left between {_name(b, lo)} and {_name(b, hi)}"))
+        step = measure(b.commits[i], f"step {runs + 1}")
+        if step.verdict == "skip":
+            skipped.add(i)
+        elif step.verdict == "good":
+            lo = i
+        else:
+            hi = i
+    if hi in skipped or any(i in skipped for i in range(lo + 1, hi)):
+        candidates = [b.commits[i] for i in range(lo + 1, hi + 1)]
+        measured_bad = hi not in skipped
+        if not measured_bad or len(candidates) > 1:
+            return _finish(
+                b,
+                BisectOutcome(
+                    b.root,
+                    b.steps,
+                    EXIT_INFRA,
+                    word=word,
+                    candidates=candidates,
+                    message=(f"the {word} commit is one of {len(candidates)} that could not be run (skipped)"),
+                ),
+            )
+    found = b.commits[hi]
+    files = git(request.repo, "show", "--name-only", "--format=", found.sha, "--", "vllm/").split()
+    return _finish(b, BisectOutcome(b.root, b.steps, EXIT_PASS, found=found, word=word, files=files))
+
+
+def _name(b: Bisect, index: int) -> str:
+    return "good" if index < 0 else b.commits[index].short
+
+
+FIX_WORDS = {"good": "unfixed", "bad": "fixed"}  # a search for the commit that fixed a failure swaps the words
+
+
+def _finish(b: Bisect, outcome: BisectOutcome) -> BisectOutcome:
+    """Write bisect.json into the bisect's folder."""
+    if outcome.word == "first fixed":
+        for step in outcome.steps:
+            step.verdict = FIX_WORDS.get(step.verdict, step.verdict)
+    data = {
+        "scenario": str(b.scenario.file),
+        "variant": b.variant,
+        "repo": str(b.request.repo),
+        "base": b.base,
+        "good": b.good,
+        "bad": b.bad,
+        "expect": b.request.expect,
+        "commits": len(b.commits),
+        "steps": [s.to_dict() for s in outcome.steps],
+        "runs": sum(1 for s in outcome.steps if s.verdict != "skip"),
+        "result": {
+            "word": outcome.word,
+            "commit": dataclasses.asdict(outcome.found) if outcome.found else None,
+            "files": outcome.files,
+            "candidates": [dataclasses.asdict(c) for c in outcome.candidates],
+            "message": outcome.message,
+            "exit_code": outcome.exit_code,
+        },
+    }
+    write_atomic(b.root / BISECT_FILE, json.dumps(data, indent=2) + "\n")
+    return outcome
+
+
+def render(outcome: BisectOutcome) -> str:
+    """The result for a terminal or a PR: the commit found (or why none), then every step."""
+    lines = []
+    if outcome.found is not None:
+        c = outcome.found
+        lines += [f"{outcome.word} commit: {c.sha}", f"  {c.subject}", f"  author date {c.date}"]
+        lines += [f"  {f}" for f in outcome.files] or ["  (no files under vllm/)"]
+    else:
+        lines.append(outcome.message)
+        lines += [f"  candidate {c.short} {c.subject}" for c in outcome.candidates]
+    lines += [
+        "",
+        "| commit | subject | verdict | outcome | AL fresh → after | seconds |",
+        "| --- | --- | --- | --- | --- | ---: |",
+    ]
+    for s in outcome.steps:
+        al = (
+            "–"
+            if s.al_fresh is None
+            else f"{s.al_fresh:.2f} → " + " → ".join("–" if a is None else f"{a:.2f}" for a in s.al_after)
+        )
+        what = s.outcome or s.reason
+        lines.append(f"| {s.commit.short} | {s.commit.subject} | {s.verdict} | {what} | {al} | {s.seconds:.0f} |")
+    lines.append(f"\nbisect.json: {outcome.root / BISECT_FILE}")
+    return "\n".join(lines) + "\n"
