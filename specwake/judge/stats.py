@@ -15,7 +15,6 @@ Methods, chosen to be honest with the 3–10 samples a stage usually has:
   `resamples` times; percentiles by linear interpolation between order statistics). With fewer than
   MIN_BOOTSTRAP_N samples on a side no interval is given (a bootstrap of one sample has zero width).
   For very small n the bootstrap interval is close to [min(a)/max(b), max(a)/min(b)].
-* `call_change` only calls a direction when the whole interval says so; everything else is "inconclusive".
 """
 
 from __future__ import annotations
@@ -180,25 +179,6 @@ def ratio(
     low, high = percentile(ratios, alpha), percentile(ratios, 1.0 - alpha)
     method = f"bootstrap percentile {_pct(confidence)} ({resamples} resamples, seed {seed})"
     return Ratio(value, low, high, method)
-
-
-def _check_threshold(threshold: float, what: str) -> None:
-    if not 0.0 <= threshold < 1.0:
-        raise ValueError(f"{what} must be in [0, 1), got {threshold}")
-
-
-def call_change(r: Ratio, threshold: float) -> str:
-    """drop | gain | same | inconclusive, from the interval only (never from the point value)."""
-    _check_threshold(threshold, "threshold")
-    if r.ci_low is None or r.ci_high is None:
-        return "inconclusive"
-    if r.ci_high < 1.0 - threshold:
-        return "drop"
-    if r.ci_low > 1.0 + threshold:
-        return "gain"
-    if 1.0 - threshold <= r.ci_low and r.ci_high <= 1.0 + threshold:
-        return "same"
-    return "inconclusive"
 
 
 # Critical values of Student's t for df = 1..30; beyond, a Cornish-Fisher expansion of the normal point z.
