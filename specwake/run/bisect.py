@@ -114,8 +114,7 @@ class Bisect:
     def __init__(self, request: BisectRequest, events: Events) -> None:
         self.request, self.events = request, events
         repo = request.repo
-        if not (repo / ".git").exists() and not git(repo, "rev-parse", "--git-dir").strip():
-            raise InputError(f"--vllm-repo {repo}: not a git checkout")
+        git(repo, "rev-parse", "--git-dir")  # not a git checkout: InputError with git's own message
         self.scenario = load_scenario(request.scenario, Overrides(cycles=request.cycles))
         self.variant = self._variant(request.variant)
         self.good, self.bad = resolve(repo, request.good, "--good"), resolve(repo, request.bad, "--bad")
@@ -244,29 +243,13 @@ def run_bisect(request: BisectRequest, events: Events) -> BisectOutcome:
     if first.verdict == "skip":
         raise InputError(f"--good {request.good}: cannot be run ({first.reason})")
     if first.verdict == "bad":  # only with --expect: the good commit does not do what is expected of good ones
-        return _finish(
-            b,
-            BisectOutcome(
-                b.root,
-                b.steps,
-                EXIT_FAIL,
-                message=(
-                    f"--good {request.good} gives {first.outcome}, not the expected {request.expect}: nothing to bisect"
-                ),
-            ),
+        return _stop(
+            b, f"--good {request.good} gives {first.outcome}, not the expected {request.expect}: nothing to bisect"
         )
     last = measure(b.commits[-1], "bad endpoint")
     if last.verdict == "good":
-        return _finish(
-            b,
-            BisectOutcome(
-                b.root,
-                b.steps,
-                EXIT_FAIL,
-                message=(
-                    f"--bad {request.bad} gives {last.outcome} as --good does: the range holds no change of outcome"
-                ),
-            ),
+        return _stop(
+            b, f"--bad {request.bad} gives {last.outcome} as --good does: the range holds no change of outcome"
         )
     word = "first fixed" if first.outcome not in ("recover",) and last.outcome == "recover" else "first bad"
     lo, hi = -1, n - 1  # commits[lo] (or good) is good; commits[hi] is bad or, if skipped, assumed bad
@@ -303,6 +286,11 @@ def run_bisect(request: BisectRequest, events: Events) -> BisectOutcome:
     found = b.commits[hi]
     files = git(request.repo, "show", "--name-only", "--format=", found.sha, "--", "vllm/").split()
     return _finish(b, BisectOutcome(b.root, b.steps, EXIT_PASS, found=found, word=word, files=files))
+
+
+def _stop(b: Bisect, message: str) -> BisectOutcome:
+    """A bisect with nothing to search (exit 1): the endpoints do not differ as asked."""
+    return _finish(b, BisectOutcome(b.root, b.steps, EXIT_FAIL, message=message))
 
 
 def _name(b: Bisect, index: int) -> str:
