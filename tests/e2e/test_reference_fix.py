@@ -39,6 +39,16 @@ def overlay_of(diff: Path, cache: Path) -> Overlay:
     return build_overlay(diff, engine.package_dir, engine.vllm_version, cache)
 
 
+def checks_without(tmp_path: Path, line: str, replacement: str) -> dict[str, str]:
+    """The checks on the reference fix with one of its added lines replaced by another (one line for one: the hunk
+    stays valid): an almost-right fix."""
+    text = PATCH.read_text()
+    assert line in text
+    almost = tmp_path / "almost-right.diff"
+    almost.write_text(text.replace(line, replacement))
+    return run_checks(overlay_of(almost, tmp_path / "cache"))
+
+
 def run_checks(overlay: Overlay) -> dict[str, str]:
     """check name → "ok" or the failure line the program printed."""
     env = {**os.environ, "PYTHONPATH": str(overlay.root)}
@@ -74,24 +84,14 @@ def test_the_checks_can_fail_on_the_naive_fix(tmp_path: Path) -> None:
 
 def test_the_address_check_fails_on_a_fix_that_rebuilds_into_new_storage(tmp_path: Path) -> None:
     """The reference fix as it was before it copied rebuilt attributes back: the values are right, the storage new."""
-    text = PATCH.read_text()
-    copy_back = "+    copied = _copy_into_captured(captured)\n"
-    assert copy_back in text
-    moved = tmp_path / "rebuild-new-storage.diff"
-    moved.write_text(text.replace(copy_back, "+    copied = 0\n"))  # one line for one: the hunk stays valid
-    outcomes = run_checks(overlay_of(moved, tmp_path / "cache"))
+    outcomes = checks_without(tmp_path, "+    copied = _copy_into_captured(captured)\n", "+    copied = 0\n")
     assert outcomes.get("fused_buffers_are_rebuilt_after_finalization") == "ok"
     assert "the fused buffer moved to new storage" in outcomes.get("fused_buffers_keep_their_addresses", "")
 
 
 def test_the_scale_check_fails_on_a_fix_that_leaves_finalize_s_scales(tmp_path: Path) -> None:
     """The reference fix as it was before it put the drafter's attention scales back: they end up at 1.0."""
-    text = PATCH.read_text()
-    restore = "+    _restore_kv_scales(kv_scales)\n"
-    assert restore in text
-    reset = tmp_path / "scales-reset.diff"
-    reset.write_text(text.replace(restore, "+    del kv_scales\n"))  # one line for one: the hunk stays valid
-    outcomes = run_checks(overlay_of(reset, tmp_path / "cache"))
+    outcomes = checks_without(tmp_path, "+    _restore_kv_scales(kv_scales)\n", "+    del kv_scales\n")
     assert outcomes.get("fused_buffers_keep_their_addresses") == "ok"
     failed = outcomes.get("draft_attention_scales_survive_the_reload", "")
     assert "scales after the reload: (1.0, 1.0, 1.0, 1.0)" in failed
