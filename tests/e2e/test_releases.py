@@ -1,0 +1,119 @@
+"""The GPU path held to the vLLM releases that `pip install 'specwake[gpu]'` can install, read from their sources.
+
+No GPU wheel can be installed here, so each release's Python files are downloaded once with pip into specwake's
+cache (tests/helpers/releases.py) and read: every shipped patch is applied to them exactly as specwake applies it
+(specwake.prepare.overlay.build_overlay), and every vLLM module, class, function and method that specwake's worker
+code (specwake/worker/*: the extension, draft_load.py, the weight-transfer engine, the config check) and the patched
+files use must exist in each release and accept the arguments passed (tests/helpers/vllm_api.py).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from specwake.prepare.overlay import Overlay, build_overlay
+from tests.helpers.paths import REPO
+from tests.helpers.releases import gpu_requirement, patch_header_releases, release_tree, supported_releases
+from tests.helpers.vllm_api import check_uses
+
+PATCHES = sorted((REPO / "scenarios" / "patches").glob("*.diff"))
+WORKER = sorted((REPO / "specwake" / "worker").glob("*.py"))
+RELEASES = supported_releases()
+
+
+def allowed_series(requirement: str) -> set[tuple[int, int]]:
+    """The (major, minor) release series a requirement admits, probed at X.Y.0 and X.Y.99."""
+    spec = Requirement(requirement).specifier
+    return {
+        (major, minor)
+        for major in range(0, 3)
+        for minor in range(0, 100)
+        if spec.contains(f"{major}.{minor}.0") or spec.contains(f"{major}.{minor}.99")
+    }
+
+
+def test_the_releases_tested_are_the_ones_the_gpu_extra_installs():
+    requirement = gpu_requirement()
+    for patch in PATCHES:
+        named = patch_header_releases(patch)
+        assert all(Requirement(requirement).specifier.contains(v) for v in named), (patch.name, named, requirement)
+        series = {(Version(v).major, Version(v).minor) for v in named}
+        assert series == allowed_series(requirement), (
+            f"{patch.name} names {named}; pyproject's gpu extra ({requirement}) allows the series "
+            f"{sorted(allowed_series(requirement))}: name one release of each, and no other"
+        )
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def release(request: pytest.FixtureRequest) -> tuple[str, Path]:
+    return request.param, release_tree(request.param)
+
+
+@pytest.fixture(scope="module")
+def overlays(release, tmp_path_factory) -> dict[Path, Overlay]:
+    """Every shipped patch applied to the release by specwake's own overlay builder."""
+    version, tree = release
+    cache = tmp_path_factory.mktemp(f"overlays-{version}")
+    return {patch: build_overlay(patch, tree / "vllm", version, cache) for patch in PATCHES}
+
+
+def test_every_shipped_patch_applies(release, overlays):
+    version, tree = release
+    assert PATCHES, "no shipped patch found"
+    for patch, overlay in overlays.items():
+        assert overlay.patched_files, f"{patch.name} changed nothing in vLLM {version}"
+        for rel in overlay.patched_files:
+            path = overlay.root / rel
+            assert path.is_file() and not path.is_symlink(), f"{patch.name}: {rel} was not written"
+            compile(path.read_bytes(), str(path), "exec")
+
+
+def test_worker_code_uses_only_what_the_release_has(release):
+    version, tree = release
+    checked = 0
+    for path in WORKER:
+        report = check_uses(path.read_text(), tree)
+        assert report.problems == [], f"{path.relative_to(REPO)} against vLLM {version}:\n" + "\n".join(report.problems)
+        checked += report.checked
+    assert checked > 50, f"only {checked} uses of vLLM were found in specwake/worker: the walk is broken"
+
+
+def added_lines(original: str, patched: str) -> set[int]:
+    """Line numbers (1-based) of `patched` that a diff from `original` adds or changes."""
+    matcher = difflib.SequenceMatcher(None, original.splitlines(), patched.splitlines(), autojunk=False)
+    return {j + 1 for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("replace", "insert") for j in range(j1, j2)}
+
+
+def test_patched_code_uses_only_what_the_release_has(release, overlays):
+    version, tree = release
+    for patch, overlay in overlays.items():
+        for rel_name in overlay.patched_files:
+            path, rel = overlay.root / rel_name, Path(rel_name)
+            original = tree / rel
+            text = path.read_text()
+            lines = added_lines(original.read_text(), text) if original.is_file() else None
+            module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+            report = check_uses(text, overlay.root, module_name=module, lines=lines)  # the patched release
+            assert report.problems == [], f"{patch.name}: {rel} against vLLM {version}:\n" + "\n".join(report.problems)
+            assert report.checked > 0, f"{patch.name}: no use of vLLM found in what it changes in {rel}"
+
+
+def test_every_fallback_import_exists_in_some_release():
+    """An import guarded by `except ImportError` may be missing from a release, but not from all of them: one that
+    no release has is a typo that the fallback hides."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for version in RELEASES:
+        tree = release_tree(version)
+        for path in WORKER:
+            report = check_uses(path.read_text(), tree)
+            for use in report.optional_missing:
+                found.setdefault((path.name, use.what), set())
+            for use in report.optional_found:
+                found.setdefault((path.name, use.what), set()).add(version)
+    nowhere = [f"{name}: {what}" for (name, what), versions in found.items() if not versions]
+    assert nowhere == [], f"guarded imports that no release in {RELEASES} has:\n" + "\n".join(nowhere)
