@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
 from specwake.prepare.scenario import Scenario, load_scenario
+from tests.helpers.hub_sources import GPU_SCENARIOS, hub_ids, sources
 from tests.helpers.paths import REFERENCE_FIX, REPO
+from tests.helpers.releases import supported_releases
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,8 +60,23 @@ def test_eagle3_with_cuda_graphs_claims_nothing_not_measured() -> None:
 
 def test_dspark_runs_its_drafter_against_the_model_it_was_trained_on() -> None:
     scenario = load("dspark.toml")
-    assert scenario.speculative["model"] == "deepseek-ai/dspark_qwen3_4b_block7"
-    assert scenario.server.model == "Qwen/Qwen3-4B"  # BF16, not the FP8 variant
+    assert scenario.speculative["model"] == "deepseek-ai/dspark_qwen3_8b_block7"  # the one vLLM 0.33's code names
+    assert scenario.server.model == "Qwen/Qwen3-8B"  # BF16, not an FP8 variant
+
+
+@pytest.mark.parametrize("path", GPU_SCENARIOS, ids=lambda p: p.name)
+def test_every_hub_id_names_its_source_in_the_header(path: Path) -> None:
+    """vLLM's code (a release the gpu extra allows: tests/e2e/test_model_sources.py reads the line), vLLM's tests or
+    docs (path:line at a commit), or the model's own card on the Hub."""
+    named = sources(path)
+    for model in hub_ids(path):
+        assert model in named, f"{path.name}: {model} has no source in the header"
+        source = named[model]
+        if source.kind == "model card":
+            assert source.where == f"https://huggingface.co/{model}"
+        if source.kind == "code":
+            assert source.version in supported_releases() and source.where.startswith("vllm/")
+    assert set(named) <= set(hub_ids(path)), f"{path.name}: the header names a source for a model it does not run"
 
 
 def test_dspark_says_why_vllms_preserve_flag_cannot_recover_it() -> None:
@@ -108,7 +126,7 @@ def test_the_reference_fix_loads_drafters_with_the_code_pushes_run() -> None:
     header, body = shipped.split("\n", 2)[:2], shipped.split("\n", 2)[2]
     assert header[0].startswith("# SPDX-License-Identifier")
     assert body == (REPO / "specwake" / "worker" / "draft_load.py").read_text()
-    assert "+from .draft import load_draft_weights_inplace\n" in patch  # inplace.py calls it
+    assert "+    from .draft import load_draft_weights_inplace\n" in patch  # inplace.py calls it (a local import)
 
 
 MATRICES = {"push": "push", "sync": "weight_transfer"}  # file prefix: the cycle's reload
