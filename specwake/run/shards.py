@@ -56,6 +56,16 @@ def shard_from_env(environ: Mapping[str, str]) -> Shard | None:
     return Shard(int(job) + 1, int(count))
 
 
+def choose_shard(flag: str | None, every_job: bool, environ: Mapping[str, str]) -> Shard | None:
+    """This run's shard: `--shard K/N`; none with `--no-shard` (every job here, whatever Buildkite's variables say,
+    as a canary inside a `parallelism` step needs); else the one Buildkite's parallel job variables name, if any."""
+    if flag is not None and every_job:
+        raise InputError("--shard, --no-shard: choose one")
+    if flag is not None:
+        return parse_shard(flag)
+    return None if every_job else shard_from_env(environ)
+
+
 def assign(jobs: Sequence[tuple[str, int]], count: int) -> list[list[str]]:
     """(job key, GPUs it needs) → the keys of each of `count` shards. Largest first, each to the least loaded
     shard (ties: the lowest). Every key lands in exactly one shard; keys must be unique."""

@@ -1,8 +1,8 @@
 """The nightly Buildkite pipeline (examples/nightly-gpu.buildkite.yml) next to the GitHub workflow: valid against
 Buildkite's pipeline schema (check-jsonschema's copy, offline); its shards take K/N from Buildkite's parallel job
-variables through `specwake run` itself; and its merge step, run here as the agent runs it (with stand-ins for
-`buildkite-agent` and the virtualenv), fails the build on a regression or a failed shard and passes a night like the
-last."""
+variables through `specwake run` itself, while its canary runs every variant on each; and its merge step, run here
+as the agent runs it (with stand-ins for `buildkite-agent` and the virtualenv), fails the build on a regression or a
+failed shard and passes a night like the last."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
+from specwake.prepare.scenario import load_scenario
 from specwake.report import run_files
 from specwake.results import ScenarioResult
 from specwake.runfolder import write_files
 from tests.helpers.builders import dropped, scaled, tiny_cpu
-from tests.helpers.fakeengine import FakeEngine, one_run_dir, run_cli, scenario_text
+from tests.helpers.fakeengine import FakeEngine, cli_env, one_run_dir, result_of, run_cli, scenario_text
 from tests.helpers.paths import REPO
 from tests.helpers.procs import check_schema
 
@@ -60,6 +61,33 @@ def test_a_parallel_job_runs_its_share_without_a_shard_flag(engine: FakeEngine, 
     assert proc.returncode == 0, proc.stderr
     assert "shard 2/2, from Buildkite's" in proc.stderr
     assert one_run_dir(out).name.endswith("-shard-2of2") and len(engine.launched()) == 1
+
+
+@pytest.mark.parametrize("job", ["0", "1"])
+def test_the_canary_runs_every_variant_on_every_parallel_job(engine: FakeEngine, tmp_path: Path, job: str) -> None:
+    """The shard step's canary line, run as copy `job` of the `parallelism: 2` step runs it, on a stand-in for
+    scenarios/tiny-gpu.toml with the same variants on the fake GPU engine: every variant runs, `patched` included."""
+    [line] = [ln for ln in step("shard")["command"].splitlines() if "specwake run scenarios/tiny-gpu.toml" in ln]
+    variants = [v.name for v in load_scenario(REPO / "scenarios" / "tiny-gpu.toml").variants]
+    assert "patched" in variants
+    work = tmp_path / "work"
+    (work / "scenarios").mkdir(parents=True)
+    fix, expect = engine.write_fix(tmp_path), {"baseline": "collapse", "patched": "recover"}
+    canary = scenario_text(engine, name="tiny-gpu", variants={v: {} for v in variants}, patch=str(fix), expect=expect)
+    (work / "scenarios" / "tiny-gpu.toml").write_text(canary)
+    venv = work / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "specwake").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m specwake.cli "$@"\n')
+    (venv / "specwake").chmod(0o755)
+    env = cli_env(tmp_path / "cache", BUILDKITE_PARALLEL_JOB=job, BUILDKITE_PARALLEL_JOB_COUNT="2",
+                  FAKE_VLLM_PLATFORM="cuda", FAKE_VLLM_GPUS="1", PYTHONPATH=str(REPO))  # fmt: skip
+    proc = subprocess.run(["bash", "-eo", "pipefail", "-c", line.replace("$$", "$")],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "shard" not in one_run_dir(work / "results" / "canary").name and "from Buildkite" not in proc.stderr
+    result = result_of(work / "results" / "canary")
+    assert [v["name"] for v in result["variants"]] == variants and "shard" not in result["scenario"]
+    assert len(engine.launched()) == len(variants)
 
 
 @pytest.mark.parametrize(("job", "count", "named"), [("x", "2", "BUILDKITE_PARALLEL_JOB"), ("2", "2", "BUILDKITE")])

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from specwake.cli import app
 from tests.helpers.fakeengine import kill_survivors, make_fake_engine, one_run_dir, run_cli, scenario_text
-from tests.helpers.paths import DATA
+from tests.helpers.paths import DATA, REPO
 
 SAMPLE = DATA / "result-v1-sample.json"
 TRIALS = 2000
@@ -39,3 +39,11 @@ def test_run_two_shards_then_one_merged_report(tmp_path: Path) -> None:
     assert sorted(r["scenario"]["name"] for r in merged) == ["a", "b"]
     assert all(sorted(v["name"] for v in r["variants"]) == ["baseline", "patched"] for r in merged)
     assert all(len(r["scenario"]["shards"]) == 2 for r in merged)
+
+
+def test_shard_and_no_shard_together_are_bad_input(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["run", str(REPO / "scenarios" / "tiny-cpu.toml"), "--shard", "1/2", "--no-shard", "--output", str(out)]
+    proc = run_cli(args, tmp_path / "cache", 60)
+    assert proc.returncode == 2 and "--shard, --no-shard: choose one" in proc.stderr, proc.stderr
+    assert not out.exists()

@@ -1,11 +1,13 @@
 """The nightly GitHub workflow (examples/nightly-gpu.yml): valid against GitHub's workflow schema (the copy that
 check-jsonschema ships, so offline), every action on a current major, and its merge job red when the night regressed:
 the trend step is run here as GitHub runs it — with the shell the workflow declares — on results built from the test
-builders, the newer one with a patched variant's AL dropped.
+builders, the newer one with a patched variant's AL dropped. The step that fetches the kept nights runs too, its jq
+on recorded API-shaped JSON served by a stand-in `gh`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -117,3 +119,118 @@ def test_the_kept_nights_roll_over_at_seven(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     kept = sorted(p.name for p in history.iterdir())
     assert len(kept) == 7 and "20261101" not in kept and "20261102" not in kept  # tonight in, the oldest two out
+
+
+# A stand-in `gh` for the fetch step: `run list` (honouring --status, --limit, --json fields and --jq, the last through
+# jq, whose language gh's --jq speaks), `api` for the artifacts of the repository (filtered by name, as the API does),
+# `run download` (logged; it fails, as gh does, when that run kept no such artifact).
+FAKE_GH = """\
+import json, os, subprocess, sys
+from urllib.parse import parse_qs, urlsplit
+
+args = sys.argv[1:]
+data = json.load(open(os.environ["FAKE_GH_DATA"]))
+
+
+def opt(name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+
+
+if args[:2] == ["run", "list"]:
+    if (opt("--repo"), opt("--workflow")) != (data["repo"], data["workflow"]):
+        sys.exit(f"fake gh: runs of {opt('--repo')} {opt('--workflow')}: none recorded")
+    runs = [r for r in data["runs"] if opt("--status") in (None, r["status"])][: int(opt("--limit", "20"))]
+    out = json.dumps([{f: r[f] for f in opt("--json").split(",")} for r in runs])
+    if opt("--jq"):
+        out = subprocess.run(["jq", "-r", opt("--jq")], input=out, capture_output=True, text=True, check=True).stdout
+    print(out.rstrip("\\n"))
+elif args[0] == "api":
+    url = urlsplit(args[1])
+    if url.path != f"repos/{data['repo']}/actions/artifacts":
+        sys.exit(f"fake gh: no recording of {args[1]}")
+    name = parse_qs(url.query).get("name", [None])[0]
+    artifacts = [a for a in data["artifacts"] if name in (None, a["name"])]
+    print(json.dumps({"total_count": len(artifacts), "artifacts": artifacts}))
+elif args[:2] == ["run", "download"]:
+    with open(os.environ["FAKE_GH_LOG"], "a") as log:
+        log.write(f"{args[2]} {opt('--name')}\\n")
+    kept = [a for a in data["artifacts"] if str(a["workflow_run"]["id"]) == args[2] and a["name"] == opt("--name")]
+    if not [a for a in kept if not a["expired"]]:
+        sys.exit("no valid artifacts found to download")
+    os.makedirs(os.path.join(opt("--dir"), "20261130"))
+else:
+    sys.exit(f"fake gh: unexpected {args}")
+"""
+REPOSITORY, THIS_RUN = "acme/vllm-nightly", 9005
+
+
+def gh_run(run_id: int, status: str, conclusion: str, created: str) -> dict[str, Any]:
+    """One run as `gh run list --json` gives it."""
+    return {"databaseId": run_id, "status": status, "conclusion": conclusion, "createdAt": created,
+            "event": "schedule", "headBranch": "main", "workflowName": workflow()["name"]}  # fmt: skip
+
+
+def artifact(artifact_id: int, name: str, run_id: int, created: str, expired: bool = False) -> dict[str, Any]:
+    """One artifact as GET /repos/{owner}/{repo}/actions/artifacts gives it."""
+    url = f"https://api.github.com/repos/{REPOSITORY}/actions/artifacts/{artifact_id}"
+    return {
+        "id": artifact_id, "node_id": f"MDg6QXJ0aWZhY3Q{artifact_id}", "name": name, "size_in_bytes": 48213,
+        "url": url, "archive_download_url": f"{url}/zip", "expired": expired, "created_at": created,
+        "updated_at": created, "expires_at": "2026-12-30T02:40:00Z", "digest": f"sha256:{artifact_id:064x}",
+        "workflow_run": {"id": run_id, "repository_id": 7001, "head_repository_id": 7001, "head_branch": "main",
+                         "head_sha": f"{run_id:040x}"},
+    }  # fmt: skip
+
+
+def fetch_history(
+    tmp_path: Path, runs: list[dict[str, Any]], artifacts: list[dict[str, Any]]
+) -> tuple[int, str, list[str]]:
+    """The fetch step's script, run with the workflow's shell against the stand-in `gh` serving `runs` (newest first)
+    and `artifacts`: (exit code, output, the runs it downloaded specwake history from)."""
+    data = {"repo": REPOSITORY, "workflow": workflow()["name"], "runs": runs, "artifacts": artifacts}
+    (tmp_path / "gh.json").write_text(json.dumps(data))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gh").write_text(f"#!{sys.executable}\n{FAKE_GH}")
+    (bin_dir / "gh").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_GH_DATA": str(tmp_path / "gh.json"),
+           "FAKE_GH_LOG": str(tmp_path / "gh.log"), "GITHUB_REPOSITORY": REPOSITORY,
+           "GITHUB_WORKFLOW": workflow()["name"], "GITHUB_RUN_ID": str(THIS_RUN)}  # fmt: skip
+    work = tmp_path / "work"
+    work.mkdir()
+    shell = SHELLS[workflow().get("defaults", {}).get("run", {}).get("shell")]
+    script = step("Fetch the earlier nights' merged results")["run"]
+    proc = subprocess.run([*shell, "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    log = tmp_path / "gh.log"
+    downloads = log.read_text().splitlines() if log.exists() else []
+    return proc.returncode, proc.stdout + proc.stderr, downloads
+
+
+def test_the_kept_nights_come_from_the_newest_run_that_uploaded_them(tmp_path: Path) -> None:
+    runs = [
+        gh_run(THIS_RUN, "in_progress", "", "2026-12-05T02:17:00Z"),
+        gh_run(9004, "completed", "cancelled", "2026-12-04T02:17:00Z"),  # cancelled before its merge job: none saved
+        gh_run(9003, "completed", "failure", "2026-12-03T02:17:00Z"),
+        gh_run(9002, "completed", "success", "2026-12-02T02:17:00Z"),
+    ]
+    artifacts = [
+        artifact(506, "specwake-shard-1", 9004, "2026-12-04T04:00:00Z"),
+        artifact(505, "specwake-history", 9006, "2026-12-04T09:00:00Z"),  # the same name from another workflow
+        artifact(504, "specwake-history", 9003, "2026-12-03T04:40:00Z"),
+        artifact(503, "specwake-shard-1", 9003, "2026-12-03T04:00:00Z"),
+        artifact(502, "specwake-history", 9002, "2026-12-02T04:40:00Z"),
+        artifact(401, "specwake-history", 8001, "2026-10-30T04:40:00Z", expired=True),
+    ]
+    code, output, downloads = fetch_history(tmp_path, runs, artifacts)
+    assert downloads == ["9003 specwake-history"], output  # not 9004, the last completed run
+    assert code == 0, output
+    assert (tmp_path / "work" / "history").is_dir()
+
+
+def test_the_first_night_finds_no_kept_nights_and_goes_on(tmp_path: Path) -> None:
+    runs = [gh_run(THIS_RUN, "in_progress", "", "2026-12-05T02:17:00Z")]
+    code, output, downloads = fetch_history(
+        tmp_path, runs, [artifact(505, "specwake-history", 9006, "2026-12-04T09:00:00Z")]
+    )
+    assert code == 0 and downloads == [], output
+    assert "no nights to compare with" in output

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from specwake.errors import InputError
-from specwake.run.shards import Shard, assign, jobs_of, merge_shards, parse_shard
+from specwake.run.shards import Shard, assign, choose_shard, jobs_of, merge_shards, parse_shard
 from specwake.runfolder import load_result
 from tests.helpers.paths import DATA
 
@@ -49,6 +49,16 @@ def test_bad_shards_are_input_errors(text: str, phrase: str) -> None:
     with pytest.raises(InputError, match=phrase):
         parse_shard(text)
     assert parse_shard(" 2 / 4 ") == Shard(2, 4)
+
+
+def test_the_flags_choose_the_shard_before_buildkites_variables() -> None:
+    parallel = {"BUILDKITE_PARALLEL_JOB": "1", "BUILDKITE_PARALLEL_JOB_COUNT": "2"}
+    assert choose_shard(None, False, parallel) == Shard(2, 2)
+    assert choose_shard("3/4", False, parallel) == Shard(3, 4)
+    assert choose_shard(None, True, parallel) is None  # --no-shard: every job here
+    assert choose_shard(None, True, {"BUILDKITE_PARALLEL_JOB": "x", "BUILDKITE_PARALLEL_JOB_COUNT": "2"}) is None
+    with pytest.raises(InputError, match="--shard, --no-shard: choose one"):
+        choose_shard("1/2", True, {})
 
 
 def test_shards_of_one_scenario_merge_into_one_result() -> None:
