@@ -1,19 +1,32 @@
 """Where a model lives before any server starts: a local folder, the local Hugging Face cache, or (when asked)
 the Hub. Reads files only; never downloads weights. `config.json` tells which family a model belongs to.
+`confirm_on_hub` is `check --online`: a repository id the Hub does not have is bad input (exit 2).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
-HUB_API = "https://huggingface.co/api/models/"
+from specwake.errors import InfraError, ScenarioError
+
+HUB_ENDPOINT = "https://huggingface.co"
 HUB_TIMEOUT_S = 10.0
+# What the Hub answers, as huggingface_hub reads it (utils/_http.py, hf_raise_for_status): a missing repository is
+# HTTP 404, or 401 to a request without a valid token (the Hub does not say whether a private repository exists), both
+# with X-Error-Code: RepoNotFound; a 401 whose X-Error-Message is this one is a bad token, not a missing repository.
+BAD_TOKEN = "Invalid credentials in Authorization header"
+
+
+def hub_endpoint() -> str:
+    """The Hub to ask: HF_ENDPOINT when set (huggingface_hub's own variable, e.g. a mirror), else huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT).rstrip("/")
 
 
 def hub_cache() -> Path:
@@ -69,34 +82,69 @@ def local_config(model: str, cache: Path | None = None) -> dict[str, Any] | None
     return None
 
 
+Found = Literal["local", "hub", "missing", "unknown"]
+
+
 @dataclass(frozen=True)
 class Availability:
     model: str
-    where: str  # "local folder" | "local hub cache" | "on the Hub" | "not found locally" | "not on the Hub: …"
+    where: str  # "local folder" | "local hub cache" | "on the Hub …" | "not found locally …" | "does not exist …"
+    found: Found = "local"  # missing: the Hub said it has no such repository; unknown: not asked, or no answer
 
 
 def availability(model: str, *, online: bool = False, client: httpx.Client | None = None) -> Availability:
-    """Whether `model` can be loaded offline, and with `online`, whether the Hub has it (a HEAD-like metadata
-    request, HF_TOKEN sent when set: gated repositories answer 401/403 without it)."""
+    """Whether `model` can be loaded offline, and with `online`, whether the Hub has it (a metadata request,
+    HF_TOKEN sent when set)."""
     if Path(model).expanduser().is_dir():
         return Availability(model, "local folder")
     if cached_snapshot(model) is not None:
         return Availability(model, "local hub cache")
     if not online or not _looks_like_repo_id(model):
-        return Availability(model, "not found locally" + ("" if online else " (--online asks the Hub)"))
+        return Availability(model, "not found locally" + ("" if online else " (--online asks the Hub)"), "unknown")
     token = os.environ.get("HF_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    url = f"{hub_endpoint()}/api/models/{model}"
     own = client is None
     http = client or httpx.Client(timeout=HUB_TIMEOUT_S)
     try:
-        answer = http.get(HUB_API + model, headers=headers)
+        answer = http.get(url, headers=headers)
     except httpx.HTTPError as exc:
-        return Availability(model, f"not found locally; the Hub did not answer ({type(exc).__name__})")
+        return Availability(
+            model, f"not found locally; the Hub did not answer ({type(exc).__name__}: {url})", "unknown"
+        )
     finally:
         if own:
             http.close()
-    if answer.status_code == 200:
-        return Availability(model, "on the Hub (not downloaded yet)")
-    if answer.status_code in (401, 403):
-        return Availability(model, f"on the Hub but gated: HTTP {answer.status_code} (set HF_TOKEN with access)")
-    return Availability(model, f"not on the Hub: HTTP {answer.status_code}")
+    return _read_answer(model, answer)
+
+
+def _read_answer(model: str, answer: httpx.Response) -> Availability:
+    status, code = answer.status_code, answer.headers.get("X-Error-Code", "")
+    if status == 200:
+        return Availability(model, "on the Hub (not downloaded yet)", "hub")
+    if status == 401 and answer.headers.get("X-Error-Message") == BAD_TOKEN:
+        return Availability(
+            model, "not found locally; the Hub refused HF_TOKEN (HTTP 401, invalid credentials)", "unknown"
+        )
+    if code == "GatedRepo" or status == 403:
+        return Availability(model, f"on the Hub but gated: HTTP {status} (set HF_TOKEN with access)", "hub")
+    if status in (401, 404) or code == "RepoNotFound":
+        private = " (or is private, and HF_TOKEN does not reach it)" if status == 401 else ""
+        return Availability(model, f"does not exist on the Hub{private}: HTTP {status} {code}".rstrip(), "missing")
+    return Availability(model, f"not found locally; the Hub answered HTTP {status}", "unknown")
+
+
+def confirm_on_hub(
+    file: str, refs: Sequence[tuple[str, str]], *, client: httpx.Client | None = None
+) -> list[Availability]:
+    """`check --online` for one scenario file: where each (key, model) in `refs` is. A model the Hub says it does not
+    have raises ScenarioError naming file and key (exit 2); a Hub that cannot say raises InfraError (exit 3)."""
+    found = []
+    for key, model in refs:
+        where = availability(model, online=True, client=client)
+        if where.found == "missing":
+            raise ScenarioError(file, key, f"{model!r} {where.where}")
+        if where.found == "unknown" and _looks_like_repo_id(model):
+            raise InfraError(f"{file}: {key}: --online could not confirm {model!r}: {where.where}")
+        found.append(where)
+    return found

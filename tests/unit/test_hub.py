@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from specwake.errors import InfraError, ScenarioError
 from specwake.prepare.engine import EngineInfo
-from specwake.prepare.hub import availability, cached_snapshot, local_config
+from specwake.prepare.hub import availability, cached_snapshot, confirm_on_hub, local_config
 from specwake.prepare.scenario import load_scenario
 from specwake.prepare.variants import gpu_only_family, platform_problem
 
@@ -51,22 +52,79 @@ def test_a_local_folder_wins(tmp_path: Path, hub: Path) -> None:
     assert availability(str(tmp_path / "m")).where == "local folder"
 
 
+def hub_like(seen: list[httpx.Request] | None = None) -> httpx.Client:
+    """A client whose transport answers as the Hub's model API does (what huggingface_hub's hf_raise_for_status
+    reads): 200 with the model's metadata; a missing repository 404 with X-Error-Code RepoNotFound when a token is
+    sent, 401 with the same code without one; a bad token 401 with X-Error-Message naming it; 403 GatedRepo."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if seen is not None:
+            seen.append(request)
+        repo = request.url.path.split("/api/models/", 1)[1]
+        token = request.headers.get("authorization")
+        if token == "Bearer hf_revoked":
+            return httpx.Response(401, headers={"X-Error-Message": "Invalid credentials in Authorization header"})
+        if repo == "org/remote":
+            return httpx.Response(200, json={"id": repo, "modelId": repo, "private": False})
+        if repo == "org/gated":
+            return httpx.Response(403, headers={"X-Error-Code": "GatedRepo"})
+        missing = {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"}
+        return httpx.Response(404 if token else 401, headers=missing, json={"error": "Repository not found"})
+
+    return httpx.Client(transport=httpx.MockTransport(answer))
+
+
 def test_availability_offline_and_online(hub: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache_with(hub, "org/cached", {})
     assert availability("org/cached").where == "local hub cache"
     assert availability("org/remote").where == "not found locally (--online asks the Hub)"
     seen: list[httpx.Request] = []
-
-    def hub_api(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response({"org/remote": 200, "org/gated": 401}.get(request.url.path.split("/models/")[1], 404))
-
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
-    client = httpx.Client(transport=httpx.MockTransport(hub_api))
-    assert availability("org/remote", online=True, client=client).where == "on the Hub (not downloaded yet)"
-    assert "gated" in availability("org/gated", online=True, client=client).where
-    assert availability("org/typo", online=True, client=client).where == "not on the Hub: HTTP 404"
+    client = hub_like(seen)
+    found = availability("org/remote", online=True, client=client)
+    assert (found.found, found.where) == ("hub", "on the Hub (not downloaded yet)")
+    assert availability("org/gated", online=True, client=client).found == "hub"
+    typo = availability("org/typo", online=True, client=client)
+    assert (typo.found, typo.where) == ("missing", "does not exist on the Hub: HTTP 404 RepoNotFound")
     assert seen[0].headers["authorization"] == "Bearer hf_secret"
+    assert str(seen[0].url) == "https://huggingface.co/api/models/org/remote"
+    monkeypatch.delenv("HF_TOKEN")  # without a token the Hub answers 401 for a repository it does not show
+    assert availability("org/typo", online=True, client=client).found == "missing"
+    monkeypatch.setenv("HF_TOKEN", "hf_revoked")  # a bad token says nothing about the repository
+    assert availability("org/typo", online=True, client=client).found == "unknown"
+
+
+def test_hf_endpoint_names_the_hub_to_ask(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[httpx.Request] = []
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example.org/")
+    availability("org/remote", online=True, client=hub_like(seen))
+    assert str(seen[0].url) == "https://hub.example.org/api/models/org/remote"
+
+
+def test_check_online_refuses_an_id_the_hub_does_not_have(hub: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    refs = [("server.model", "org/remote"), ("speculative.model", "org/typo")]
+    with pytest.raises(ScenarioError) as info:
+        confirm_on_hub("scenarios/s.toml", refs, client=hub_like())
+    assert info.value.exit_code == 2 and (info.value.file, info.value.key) == ("scenarios/s.toml", "speculative.model")
+    assert str(info.value) == (
+        "scenarios/s.toml: speculative.model: 'org/typo' does not exist on the Hub (or is private, and HF_TOKEN does"
+        " not reach it): HTTP 401 RepoNotFound"
+    )
+    assert [a.found for a in confirm_on_hub("s.toml", refs[:1], client=hub_like())] == ["hub"]
+
+
+def test_check_online_does_not_pass_when_the_hub_does_not_answer(hub: Path) -> None:
+    def unreachable(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("no route to host", request=request)
+
+    client = httpx.Client(transport=httpx.MockTransport(unreachable))
+    with pytest.raises(InfraError) as info:
+        confirm_on_hub("s.toml", [("server.model", "org/remote")], client=client)
+    assert info.value.exit_code == 3 and "s.toml: server.model: --online could not confirm 'org/remote'" in str(
+        info.value
+    )
+    assert "ConnectError" in str(info.value)
 
 
 def scenario(tmp_path: Path, method: str, model: str):  # noqa: ANN201

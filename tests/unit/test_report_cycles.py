@@ -74,10 +74,11 @@ def test_cost_table_sets_variants_side_by_side() -> None:
 
 
 def test_cost_table_shows_what_a_sleep_holds_in_host_memory() -> None:
-    """--sleep-mode-offload-cudagraph backs CUDA graph memory up to the host while asleep: its cost is there."""
+    """--sleep-preserve-parameter-names copies the drafter's parameters to host memory before an L2 sleep (vLLM's
+    gpu_worker.py _save_sleep_parameters) and holds them until the wake: its cost is there."""
     asleep = [StepResult(c, "sleep", "POST", "/sleep", 200, 1.0, True, rss_bytes=int(3000 * MIB)) for c in (1, 2, 3)]
-    table = cost_table([replace(BASE, name="offload-graphs", steps=asleep + steps(3))])
-    assert table[3] == "| offload-graphs | 0.320 | 3000 | 1000 |"
+    table = cost_table([replace(BASE, name="preserve", steps=asleep + steps(3))])
+    assert table[3] == "| preserve | 0.320 | 3000 | 1000 |"
 
 
 def test_the_step_table_shows_vllms_own_seconds_only_where_it_kept_them() -> None:
