@@ -32,7 +32,7 @@ from specwake.report.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, pa
 from specwake.report.plot import render_plot
 from specwake.run.schedule import parse_gpu_list
 from specwake.run.session import RunInterrupted, RunRequest, check_all, execute
-from specwake.run.shards import merge_shards, parse_shard, shard_from_env
+from specwake.run.shards import choose_shard, merge_shards
 from specwake.runfolder import load_many
 
 app = typer.Typer(
@@ -101,6 +101,13 @@ def run(
             "BUILDKITE_PARALLEL_JOB / BUILDKITE_PARALLEL_JOB_COUNT (a step with `parallelism: N`)."
         ),
     ] = None,
+    no_shard: Annotated[
+        bool,
+        typer.Option(
+            "--no-shard",
+            help="Run every job here, whatever BUILDKITE_PARALLEL_JOB says (a canary inside a `parallelism` step).",
+        ),
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
     """Run scenarios: baseline and patched servers, L2 cycles, AL and tok/s before and after, verdict."""
@@ -122,7 +129,7 @@ def run(
             gpus=_gpus(gpus),
             junit=junit,
             resume=resume,
-            shard=parse_shard(shard) if shard is not None else shard_from_env(os.environ),
+            shard=choose_shard(shard, no_shard, os.environ),
         )
     except SpecwakeError as exc:
         _fail(ui, exc)
@@ -166,7 +173,10 @@ def check(
         bool, typer.Option("--no-gpu-check", help="Report missing GPUs / sleep mode instead of failing (exit 0).")
     ] = False,
     online: Annotated[
-        bool, typer.Option("--online", help="Also ask the Hugging Face Hub about models not in the local cache.")
+        bool,
+        typer.Option(
+            "--online", help="Also ask the Hugging Face Hub about models not in the local cache (exit 2: one it lacks)."
+        ),
     ] = False,
     interleave: Annotated[bool, typer.Option(help="Plan as `run --interleave` would run (CPU).")] = False,
     sequential: Annotated[bool, typer.Option(help="Plan as `run --sequential` would run (CPU).")] = False,
@@ -298,10 +308,20 @@ def compare(
 def bisect(
     scenario: Annotated[Path, typer.Argument(help="Scenario TOML file.", show_default=False)],
     vllm_repo: Annotated[Path, typer.Option(help="A git checkout of vLLM.", show_default=False)],
-    good: Annotated[str, typer.Option(help="A commit whose outcome is the good one (measured first).")],
+    good: Annotated[
+        str,
+        typer.Option(
+            help="A commit whose outcome is the good one (measured first); not an ancestor of --bad (a release tag):"
+            " their merge base."
+        ),
+    ],
     bad: Annotated[str, typer.Option(help="A later commit whose outcome differs.")],
     base: Annotated[
-        str | None, typer.Option(help="The commit the installed vLLM was built from (default: the tag of its version).")
+        str | None,
+        typer.Option(
+            help="The commit the installed vLLM was built from (default: the commit a dev build's version names,"
+            " +g<sha>, else the tag of its version)."
+        ),
     ] = None,
     variant: Annotated[
         str | None, typer.Option(help="The variant to run (default: baseline); it must have no patch of its own.")

@@ -166,17 +166,18 @@ class TransferChunk:
     role: str  # "target" | "draft": the session it belongs to
     file: str
     names: tuple[str, ...]
+    prefix: str = ""  # put before each name, as vLLM's loader does for a model's `secondary_weights`
 
     def update_info(self) -> dict[str, Any]:
-        """The body's `update_info`, as the engine parses it."""
-        return {"file": self.file, "names": list(self.names)}
+        """The body's `update_info`, as the engine parses it (`prefix` only where there is one)."""
+        return {"file": self.file, "names": list(self.names)} | ({"prefix": self.prefix} if self.prefix else {})
 
     def to_dict(self) -> dict[str, Any]:
         return {"role": self.role} | self.update_info()
 
     @classmethod
     def from_dict(cls, data: Any) -> TransferChunk:
-        return cls(str(data["role"]), str(data["file"]), tuple(data["names"]))
+        return cls(str(data["role"]), str(data["file"]), tuple(data["names"]), str(data.get("prefix", "")))
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,13 @@ class Fingerprint:
     moved: int | None = None
     moved_names: list[str] = field(default_factory=list)
     moved_by_kind: dict[str, int] = field(default_factory=dict)
+    # Parameters no load writes (specwake.worker.coverage), found at `after fresh`: never counted in `differ`, so
+    # their checksums decide nothing. `coverage_error`: why that could not be found (then every parameter is judged).
+    uncovered: int = 0
+    uncovered_names: list[str] = field(default_factory=list)
+    coverage_error: str | None = None
+    uncovered_differ: int | None = None  # those of them that differ from fresh (compared like the others)
+    uncovered_differ_names: list[str] = field(default_factory=list)
 
     @property
     def compares(self) -> bool:
@@ -265,6 +273,8 @@ class Fingerprint:
             for key in ("compared", "differ", "differ_names", "differ_by_kind", "moved", "moved_names"):
                 data.pop(key)
             data.pop("moved_by_kind")
+            data.pop("uncovered_differ")
+            data.pop("uncovered_differ_names")
         return data
 
     @classmethod

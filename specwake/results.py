@@ -15,6 +15,10 @@ SCHEMA = "specwake.result/1"
 INCOMPLETE = "incomplete"  # the outcome of a variant still running (or interrupted) in a partial result
 MIB = 1024 * 1024
 LOGPROB_TOLERANCE = 1e-3  # |Δ logprob| against fresh above this at a token position counts as drift
+# Where greedy tokens part from fresh, the most each side may rank its token above the other's and still be a near-tie
+# that numerics flipped (kernels of another step shape move a logprob by a fraction of that; a top-k member of a real
+# divergence can sit several nats below the top).
+NEAR_TIE_NATS = 1.0
 KNOWN_SCHEMAS = (SCHEMA,)
 
 
@@ -45,6 +49,13 @@ class StageResult:
     max_logprob_drift: float | None = None  # largest |Δ logprob| against fresh over the shared tokens
     logprobs_over_tolerance: int | None = None  # positions drifting by more than LOGPROB_TOLERANCE
     logprobs_compared: int | None = None
+    # True: no other server of the run measured or cycled meanwhile (on GPUs: nor started or stopped); False: others
+    # may have (no turns); None: not recorded (results of specwake before it)
+    measured_alone: bool | None = None
+    # Every completion equals fresh or parts from it only at a near-tie (see near_ties); None: the fresh stage, or a
+    # result from before near-ties were judged (there outputs_match_fresh alone decides)
+    outputs_close_to_fresh: bool | None = None
+    near_ties: list[list[int]] = field(default_factory=list)  # [request, token] where tokens part at a near-tie
 
 
 @dataclass(frozen=True)

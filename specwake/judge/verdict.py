@@ -81,8 +81,12 @@ def collapsed(stage: StageResult, collapse_al: float) -> bool:
 
 
 def diverged(stages: Sequence[StageResult]) -> StageResult | None:
-    """The first post-cycle stage whose completions differ from the fresh ones."""
-    return next((s for s in post_stages(stages) if s.outputs_match_fresh is False), None)
+    """The first post-cycle stage whose completions differ from the fresh ones beyond near-ties: a request whose
+    greedy tokens part from fresh where both tokens were near-tied (StageResult.near_ties) is numerics, not a
+    divergence."""
+    return next(
+        (s for s in post_stages(stages) if s.outputs_match_fresh is False and not s.outputs_close_to_fresh), None
+    )
 
 
 def recovery_bound(fresh_al: float, tolerance: float) -> float:
@@ -160,13 +164,14 @@ RULES: tuple[Rule, ...] = (
     Rule("crash", "a server or a step failed after the fresh stage was measured", lambda f: f.failure is not None),
     Rule(
         "degraded",
-        "a perturbed push left the completions as they were: the new weights did not arrive",
+        "a perturbed push left the completions as they were, but for near-ties: the new weights did not arrive",
         lambda f: f.perturbed and diverged(f.stages) is None,
     ),
     Rule(
         "corrupt",
-        "a post-cycle completion differs from fresh, or the target's weights differ from fresh after a reload, push or"
-        " sync (not for a perturbed push, which changes them on purpose)",
+        "a post-cycle completion differs from fresh beyond a near-tie (where the tokens part, each side's token among"
+        " the other's top logprobs), or the target's weights differ from fresh after a reload, push or sync (not for a"
+        " perturbed push, which changes them on purpose)",
         lambda f: not f.perturbed and (diverged(f.stages) is not None or f.target_restored is False),
     ),
     Rule("floor", "the variant runs without speculation", lambda f: not f.speculative),

@@ -138,6 +138,29 @@ def weights_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None
     return line + (f" ({notes})" if notes else "")
 
 
+def uncovered_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None:
+    """`draft: 1 parameter no load writes (model.mask_embedding), its checksum not judged: differs from fresh after
+    reload_weights in cycles 1–2`, from the fresh fingerprint (rank 0) and every restore after; why it is unknown
+    when the dry run failed; None when every parameter is covered."""
+    fresh = _at(diagnostics, FRESH_POINT)
+    parts = [_role(fp, role) for fp in (fresh or {}).get("fingerprints") or []]
+    first = next((p for p in parts if p is not None), None)
+    if first is None:
+        return None
+    if first.coverage_error:
+        return f"{role}: which parameters no load writes is unknown ({first.coverage_error}); all are judged"
+    if not first.uncovered:
+        return None
+    names = ", ".join(first.uncovered_names) + ("…" if first.uncovered > len(first.uncovered_names) else "")
+    line = f"{role}: {first.uncovered} parameter{'s' if first.uncovered != 1 else ''} no load writes ({names}),"
+    line += " checksum not judged (a forward that reads one shows in AL and outputs)"
+    found = restores(diagnostics, role)
+    differ = [r for r in found if any(p is not None and p.uncovered_differ for p in r.parts)]
+    if differ:
+        return f"{line}: differs from fresh after {differ[0].what} in {_cycles([r.cycle for r in differ])}"
+    return f"{line}: as fresh after every {found[0].what}" if found else line
+
+
 CHECKER = "vLLM's /weight_checker (SHA-256 of the target's parameters; no drafter, no buffers)"
 
 

@@ -69,6 +69,25 @@ def gpu_only_family(scenario: Scenario, model: str) -> str | None:
     return GPU_ONLY_MODEL_TYPES.get(str(model_type)) if model_type else None
 
 
+# Drafters whose `load_weights` takes a whole checkpoint per call, which a draft session sent in chunks is not.
+WHOLE_CHECKPOINT_LOADS = {
+    method: (
+        f"a chunked draft session crashes this {name} drafter inside vLLM's load_weights: each call ends by"
+        " rebuilding the fused context-KV buffers from every layer (qwen3_dflash.py _build_context_kv_buffers,"
+        " torch.cat / torch.stack), and in a layer-wise reload the layers no call has completed yet are still on the"
+        " meta device"
+    )
+    for method, name in (("dflash", "DFlash"), ("dspark", "DSpark"))
+}
+
+
+def chunked_draft_sync(scenario: Scenario, variant: Variant) -> str | None:
+    """Why this variant's draft session will crash in vLLM (specwake sends a sync in chunks), or None: known only
+    where the scenario names the drafter's method."""
+    syncs_draft = scenario.cycle.reload == "weight_transfer" and "draft" in variant.push_to and variant.speculative
+    return WHOLE_CHECKPOINT_LOADS.get(str(scenario.speculative.get("method"))) if syncs_draft else None
+
+
 def platform_problem(
     scenario: Scenario, engine: EngineInfo, gpus: Sequence[int] | None, model: str | None = None
 ) -> str | None:
@@ -259,6 +278,9 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
             f"    {prep.variant.name}: expect {prep.variant.expected}{pushed}; speed {rule.min_ratio:.2f}× fresh"
             f" — {rule.why}"
         )
+        crash = chunked_draft_sync(scenario, prep.variant)
+        if crash:
+            lines.append(f"      note: {crash}")
     return lines
 
 

@@ -51,6 +51,8 @@ def logprob_line(variant: VariantResult) -> str | None:
     if diverged is not None and diverged.first_difference is not None:
         request, token = diverged.first_difference
         text = f"tokens differ from fresh at {diverged.name}, request {request + 1}, token {token}"
+        if [request, token] in diverged.near_ties:
+            text += " (a near-tie: numerics)"
     else:
         text = "identical tokens"
     if drifts:

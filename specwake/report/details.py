@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import shlex
 
-from specwake.judge.weights import ROLES, checker_line, discard_line, memory_line, weights_line
+from specwake.judge.weights import (
+    ROLES,
+    checker_line,
+    discard_line,
+    memory_line,
+    uncovered_line,
+    weights_line,
+)
 from specwake.report.cycles import ledger
 from specwake.report.markdown import MISSING, cell, fenced, inline
 from specwake.results import VariantResult
@@ -54,6 +61,7 @@ def _diagnostic_lines(variant: VariantResult) -> list[str]:
         lines.append(discarded)
     if variant.diagnostics:
         weights = [weights_line(variant.diagnostics, role) for role in ROLES]
+        weights += [uncovered_line(variant.diagnostics, role) for role in ROLES]
         checker = checker_line(variant.diagnostics)
         lines += [f"- {line}" for line in (*weights, checker, memory_line(variant.diagnostics)) if line is not None]
         lines += [f"- diagnostic at {e.get('point')} failed: {e['error']}" for e in variant.diagnostics if "error" in e]

@@ -59,11 +59,12 @@ def _why_corrupt(variant: VariantResult) -> str:
     reasons = []
     stage, fresh = diverged(variant.stages), fresh_stage(variant.stages)
     if stage is not None and fresh is not None:
+        ties = {request for request, _ in stage.near_ties}
         where = next(
             (
                 (i, first_difference(a, b))
                 for i, (a, b) in enumerate(zip(fresh.outputs, stage.outputs, strict=False))
-                if a != b
+                if a != b and i not in ties
             ),
             None,
         )
@@ -104,8 +105,27 @@ def _why_measured(stages: Sequence[StageResult], tolerance: float, collapse_al: 
     )
 
 
+def near_tie_note(stages: Sequence[StageResult]) -> str | None:
+    """Where post-cycle completions part from fresh only at near-ties: numerics, which decide nothing."""
+    where = [
+        f"{s.name} request {request + 1} token {token}"
+        for s in post_stages(stages)
+        if s.outputs_match_fresh is False and s.outputs_close_to_fresh
+        for request, token in s.near_ties
+    ]
+    if not where:
+        return None
+    return f"note: tokens part from fresh at a near-tie ({', '.join(where)}): numerics, not corruption"
+
+
 def explain(variant: VariantResult, tolerance: float, *, collapse_al: float = COLLAPSE_AL) -> str:
-    """One human line: why the variant got its outcome, with the numbers."""
+    """One human line: why the variant got its outcome, with the numbers (and a note on near-tie flips)."""
+    note = near_tie_note(variant.stages)
+    why = _explain(variant, tolerance, collapse_al)
+    return why if note is None else f"{why}; {note}"
+
+
+def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> str:
     stages = variant.stages
     if variant.outcome == "error":
         if variant.crash_class is None:

@@ -46,6 +46,8 @@ def _seconds(value: float) -> str:
 def stage_line(stage: StageResult) -> str:
     """`after L2 #1: AL 1.00 (192 drafts, 0/576 accepted), tok/s median 15.5 (n=3), outputs = fresh`."""
     match = {None: "", True: ", outputs = fresh", False: ", outputs DIFFER from fresh"}[stage.outputs_match_fresh]
+    if stage.outputs_match_fresh is False and stage.outputs_close_to_fresh:
+        match = ", outputs part from fresh at near-ties only"
     reset = ", counters reset" if stage.counters_reset else ""
     return (
         f"{stage.name}: AL {num(stage.acceptance_length, 2)} ({stage.num_drafts} drafts, "

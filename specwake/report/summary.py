@@ -21,7 +21,7 @@ from specwake.report.details import details
 from specwake.report.explain import explain, unrestored_drafter
 from specwake.report.markdown import MISSING, cell, inline, num, ratio_cell, short_sha
 from specwake.report.rows import Row, after_samples, stage_rows
-from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
+from specwake.results import INCOMPLETE, ScenarioResult, StageResult, VariantResult
 
 EMULATED_NOTE = (
     "L2 discard emulated on CPU: after /sleep?level=2 specwake overwrote every parameter and plain tensor attribute "
@@ -66,8 +66,13 @@ def _summarycell(s: Summary, digits: int = 1) -> str:
     return f"{s.median:.{digits}f} [{s.ci_low:.{digits}f}, {s.ci_high:.{digits}f}]"
 
 
-def _matchcell(value: bool | None) -> str:
-    return MISSING if value is None else ("yes" if value else "**no**")
+def _matchcell(stage: StageResult) -> str:
+    """Whether a stage's completions equal fresh: yes, only parted at near-ties (numerics), or no."""
+    if stage.outputs_match_fresh is None:
+        return MISSING
+    if stage.outputs_match_fresh:
+        return "yes"
+    return "near-tie" if stage.outputs_close_to_fresh else "**no**"
 
 
 def _row(cells: Sequence[str], widths: Sequence[int], aligns: Sequence[str]) -> str:
@@ -87,7 +92,7 @@ def _stage_cells(variant: str, row: Row) -> list[str]:
         ratio_cell(row.vs_fresh),
         _tpotcell(s.tpot),
         num(None if s.first_request_ttft is None else s.first_request_ttft * 1000, 1),
-        _matchcell(s.outputs_match_fresh),
+        _matchcell(s),
     ]
     return [cell(c) for c in cells]
 
@@ -135,8 +140,20 @@ def _variant_line(variant: VariantResult, tolerance: float, rule: SpeedRule) -> 
     found = f"; **findings**: {'; '.join(variant.findings)}" if variant.findings else ""
     return inline(
         f"- **{variant.name}**: {variant.outcome} (expected {variant.expected}) {_mark(variant)}{_pushed(variant)}"
-        f" — {explain(variant, tolerance)}{found}{_speed_text(variant, rule)}"
+        f" — {explain(variant, tolerance)}{found}{_speed_text(variant, rule)}{_alone_text(variant)}"
     )
+
+
+def _alone_text(variant: VariantResult) -> str:
+    """Which stages measured their tok/s alone, while no other server of the run was busy (results that record it)."""
+    marks = [s.measured_alone for s in variant.stages]
+    if not marks or None in marks:
+        return ""
+    if all(marks):
+        return "; tok/s of every stage measured alone"
+    if not any(marks):
+        return "; tok/s measured beside other servers' work (no turns)"
+    return "; tok/s measured alone in " + ", ".join(s.name for s in variant.stages if s.measured_alone) + " only"
 
 
 def _pushed(variant: VariantResult) -> str:

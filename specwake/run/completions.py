@@ -1,5 +1,6 @@
-"""Completions through vLLM's OpenAI API with the `openai` client, streamed: the text, each token with its logprob,
-time to first token, time per output token, and the prompt tokens the server served from its prefix cache.
+"""Completions through vLLM's OpenAI API with the `openai` client, streamed: the text, each token with its logprob and
+the TOP_LOGPROBS most likely tokens at its position, time to first token, time per output token, and the prompt
+tokens the server served from its prefix cache.
 
 Takes an injected `httpx.Client` (tests hand in an `httpx.MockTransport`); every request has a deadline.
 """
@@ -16,6 +17,10 @@ import openai
 
 from specwake.errors import InputRejected, RequestFailed, RequestTimeout
 
+# Candidates per position that each request asks for (`logprobs=k`): where a stage's greedy tokens part from the
+# fresh ones, each side's token among the other's top k marks a near-tie (the k vLLM's own model tests commonly use).
+TOP_LOGPROBS = 5
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -25,6 +30,7 @@ class Completion:
     ttft: float | None = None  # request sent → first token
     tokens: tuple[str, ...] = ()
     logprobs: tuple[float | None, ...] = ()  # the sampled token's logprob, one per generated token
+    top_logprobs: tuple[dict[str, float], ...] = ()  # per generated token: the most likely tokens → logprob
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (None: not reported)
 
     @property
@@ -69,6 +75,7 @@ class Completer:
         parts: list[str] = []
         tokens: list[str] = []
         lps: list[float | None] = []
+        tops: list[dict[str, float]] = []
         first: float | None = None
         usage: Any = None
         try:
@@ -79,7 +86,7 @@ class Completer:
                 temperature=temperature,
                 stream=True,
                 stream_options={"include_usage": True},
-                logprobs=1 if logprobs else None,
+                logprobs=TOP_LOGPROBS if logprobs else None,
                 extra_body={"ignore_eos": ignore_eos},
                 timeout=timeout,
             )
@@ -94,6 +101,7 @@ class Completer:
                         if choice.logprobs is not None:
                             tokens += list(choice.logprobs.tokens or [])
                             lps += list(choice.logprobs.token_logprobs or [])
+                            tops += [dict(top or {}) for top in choice.logprobs.top_logprobs or []]
                     if self.clock() > deadline:
                         raise RequestTimeout(f"{url}: not finished within {timeout:g} s")
         except openai.APITimeoutError:
@@ -117,6 +125,7 @@ class Completer:
             ttft=first,
             tokens=tuple(tokens),
             logprobs=tuple(lps),
+            top_logprobs=tuple(tops),
             cached_tokens=None if cached is None else int(cached),
         )
 

@@ -6,6 +6,11 @@ is ready waits for its turn, then runs all its phases — the fresh stage, every
 no other server measures or cycles, and hands the turn on. Servers get their turn in the order they asked for it.
 Whole variants rather than single stages take turns so that the other cores start the next servers meanwhile: a
 turn per stage would keep every server ready at the same moment, and every start after them in step.
+
+GPU servers packed onto one machine share no GPU, but they share its CPUs, host memory and PCIe: a neighbour that
+starts (torch.compile, CUDA-graph capture), sleeps, wakes, reloads or stops can slow a stage. There single stages
+take turns (`Quiet`): a stage whose tok/s decides measures while no other server of the run does anything else,
+and everything else — starts, cycles, diagnostics, stops, stages whose tok/s decides nothing — runs at once.
 """
 
 from __future__ import annotations
@@ -64,3 +69,87 @@ class AnyTime(Turns):
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
         yield
+
+
+class Gate:
+    """What one server's phases wait for, stage by stage. This one waits for nothing; `alone` is what its stages
+    record: True where nothing else measures meanwhile anyway (one server at a time, or whole variants taking
+    Turns), False where servers measure side by side."""
+
+    def __init__(self, alone: bool) -> None:
+        self.alone = alone
+
+    @contextlib.contextmanager
+    def busy(self, stopping: bool = False) -> Iterator[None]:
+        """A start, a cycle, diagnostics, a stop (`stopping`), or a stage whose tok/s decides nothing."""
+        yield
+
+    @contextlib.contextmanager
+    def stage(self, decides: bool) -> Iterator[bool]:
+        """A measured stage; `decides`: its tok/s decides an outcome. Yields whether it measures alone."""
+        yield self.alone
+
+
+class Quiet(Gate):
+    """GPU servers packed on one machine: a stage whose tok/s decides waits until no other server is busy, then
+    measures while none starts; busy work runs at once, and waits while a deciding stage measures or waits (so a
+    stream of starts and cycles never starves a stage). Deciding stages go first come first served. `cancel` makes
+    a waiting start or stage raise Interrupted; a stop never waits once the run is cancelled."""
+
+    def __init__(self, cancel: threading.Event | None = None) -> None:
+        super().__init__(alone=False)
+        self._cond = threading.Condition()
+        self._issued = 0  # tickets handed to deciding stages
+        self._serving = 0  # the ticket whose turn it is; issued > serving: a stage measures or waits
+        self._given_up: set[int] = set()
+        self._busy = 0  # servers busy right now
+        self._cancel = cancel
+
+    def _cancelled(self) -> bool:
+        return self._cancel is not None and self._cancel.is_set()
+
+    @contextlib.contextmanager
+    def busy(self, stopping: bool = False) -> Iterator[None]:
+        with self._cond:
+            while self._issued != self._serving and not (stopping and self._cancelled()):
+                if self._cancelled():
+                    raise Interrupted("the run was cancelled while a server waited for another's stage to end")
+                self._cond.wait(_POLL_S)
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def stage(self, decides: bool) -> Iterator[bool]:
+        if not decides:
+            with self.busy():
+                yield False
+            return
+        with self._cond:
+            ticket = self._issued
+            self._issued += 1
+            try:
+                while self._serving != ticket or self._busy:
+                    if self._cancelled():
+                        raise Interrupted("the run was cancelled while a server waited for its turn to measure")
+                    self._cond.wait(_POLL_S)
+            except BaseException:
+                self._given_up.add(ticket)
+                self._pass_on()
+                raise
+        try:
+            yield True
+        finally:
+            with self._cond:
+                self._serving += 1
+                self._pass_on()
+
+    def _pass_on(self) -> None:
+        while self._serving in self._given_up:
+            self._given_up.discard(self._serving)
+            self._serving += 1
+        self._cond.notify_all()

@@ -1,8 +1,9 @@
 """One measured stage: a prefix-cache probe, warmup, N greedy requests one at a time, /metrics before and after.
 
 Returns a StageResult: AL and per-position rates from counter deltas; tok/s, time to first token and time per
-output token per request; completion texts; against the fresh stage, where the tokens first differ and how far
-their logprobs drifted; and how many prompt tokens the server served from its prefix cache right after the wake.
+output token per request; completion texts; against the fresh stage, where the tokens first differ, which requests
+part from it at a near-tie (numerics, see near_tie), and how far their logprobs drifted; and how many prompt
+tokens the server served from its prefix cache right after the wake.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from specwake.errors import RequestFailed
 from specwake.prepare.scenario import Scenario
-from specwake.results import LOGPROB_TOLERANCE, StageResult
+from specwake.results import LOGPROB_TOLERANCE, NEAR_TIE_NATS, StageResult
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
 from specwake.run.metrics import SpecCounters, counter_delta, parse_spec_counters
@@ -101,17 +102,42 @@ class Drift:
     max_logprob_drift: float | None  # largest |Δ logprob| over the positions both share
     over_tolerance: int  # positions whose |Δ logprob| exceeds LOGPROB_TOLERANCE
     compared: int  # positions compared
+    parted: tuple[int, ...] = ()  # requests whose completion differs from fresh
+    near_ties: tuple[tuple[int, int], ...] = ()  # (request, token) of each request parting from fresh at a near-tie
+
+    @property
+    def close(self) -> bool:
+        """Every completion equals fresh or parts from it at a near-tie."""
+        return set(self.parted) <= {request for request, _ in self.near_ties}
+
+
+def near_tie(fresh: Completion, now: Completion, index: int) -> bool:
+    """Whether two greedy completions that part at token `index` part at a near-tie, which numerics can flip: as
+    vLLM's model tests judge it (check_logprobs_close), each side's token is among the other side's top logprobs
+    there; and, since a top-k member can be far from a tie, each side ranks the two within NEAR_TIE_NATS."""
+    if index >= min(len(fresh.tokens), len(now.tokens), len(fresh.top_logprobs), len(now.top_logprobs)):
+        return False
+    a, b = fresh.tokens[index], now.tokens[index]
+    seen_fresh, seen_now = fresh.top_logprobs[index], now.top_logprobs[index]
+    if not {a, b} <= seen_fresh.keys() or not {a, b} <= seen_now.keys():
+        return False
+    return seen_fresh[a] - seen_fresh[b] <= NEAR_TIE_NATS and seen_now[b] - seen_now[a] <= NEAR_TIE_NATS
 
 
 def drift(fresh: Sequence[Completion], now: Sequence[Completion], tolerance: float = LOGPROB_TOLERANCE) -> Drift:
-    """Token by token against fresh: logprobs are compared up to each request's first differing token."""
+    """Token by token against fresh: logprobs are compared up to each request's first differing token, where the
+    comparison of that request stops (the continuations may differ from there), noting whether it parts at a
+    near-tie."""
     first: tuple[int, int] | None = None
     largest: float | None = None
     over = compared = 0
+    parted: list[int] = []
+    ties: list[tuple[int, int]] = []
     for request, (a, b) in enumerate(zip(fresh, now, strict=False)):
+        parts: int | None = None
         for index, (ta, tb) in enumerate(zip(a.tokens, b.tokens, strict=False)):
             if ta != tb:
-                first = first or (request, index)
+                parts = index
                 break
             la = a.logprobs[index] if index < len(a.logprobs) else None
             lb = b.logprobs[index] if index < len(b.logprobs) else None
@@ -122,9 +148,16 @@ def drift(fresh: Sequence[Completion], now: Sequence[Completion], tolerance: flo
             over += delta > tolerance
             largest = delta if largest is None else max(largest, delta)
         else:
-            if len(a.tokens) != len(b.tokens) and first is None:
-                first = (request, min(len(a.tokens), len(b.tokens)))
-    return Drift(first, largest, over, compared)
+            if len(a.tokens) != len(b.tokens):
+                parts = min(len(a.tokens), len(b.tokens))
+        if parts is not None:
+            first = first or (request, parts)
+            if near_tie(a, b, parts):
+                ties.append((request, parts))
+        if parts is not None or a.text != b.text:
+            parted.append(request)
+    parted += range(len(fresh), len(now))  # nothing to compare with: never close
+    return Drift(first, largest, over, compared, tuple(parted), tuple(ties))
 
 
 def run_stage(
@@ -175,6 +208,7 @@ def run_stage(
         completion_tokens=[c.completion_tokens for c in completions],
         outputs=outputs,
         outputs_match_fresh=None if fresh is None else outputs == fresh.outputs[: len(outputs)],
+        outputs_close_to_fresh=None if against is None else against.close,
         counters_reset=delta.counters_reset,
         warmup_seconds=round(warmup_seconds, 3),
         ttft=[_rounded(c.ttft) for c in completions],
@@ -186,6 +220,7 @@ def run_stage(
         max_logprob_drift=None if against is None else against.max_logprob_drift,
         logprobs_over_tolerance=None if against is None else against.over_tolerance,
         logprobs_compared=None if against is None else against.compared,
+        near_ties=[] if against is None else [list(t) for t in against.near_ties],
     )
     return result, completions
 

@@ -18,7 +18,7 @@ from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant
 from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
-from specwake.run.gate import AnyTime, Turns
+from specwake.run.gate import AnyTime, Gate, Quiet, Turns
 from specwake.run.schedule import Job, run_packed
 from specwake.run.variant_run import VariantRun
 from specwake.runfolder import RunLayout, write_files
@@ -87,7 +87,10 @@ def run_scenario(
     interleave: start all variants' servers, then alternate their phases (fresh A, fresh B, cycle 1 A, ...) so slow
     drift of clocks or load does not bias one variant against the other.
     """
-    runs = [VariantRun(scenario, p, layout.log_file(scenario.name, p.variant.name), events) for p in prepared]
+    alone = Gate(alone=True)  # one server at a time, or all up with their phases taken in turn: nothing else runs
+    runs = [
+        VariantRun(scenario, p, layout.log_file(scenario.name, p.variant.name), events, gate=alone) for p in prepared
+    ]
     mode = "interleaved" if interleave else "sequential"
     recorder = Recorder(scenario, layout.scenario_dir(scenario.name), runs, mode, kept, started_at, shard)
     try:
@@ -174,6 +177,8 @@ class Work:
 MEASURING = {
     "overlapped": "servers side by side, measuring one at a time: a speed call binds, so tok/s must be each one's own",
     "parallel": "servers side by side, measuring at once: no speed call binds here (AL decides, tok/s is advisory)",
+    "packed": "servers side by side on their own GPUs; a stage whose tok/s decides measures alone: no other server"
+    " starts, cycles, measures or stops meanwhile",
 }
 
 
@@ -192,8 +197,9 @@ def run_packed_scenarios(
     cpu: bool = False,
 ) -> list[ScenarioResult]:
     """Every scenario × variant server on its own disjoint set of `devices`, as many at once as fit, largest TP
-    first. On a GPU machine the devices are GPUs. With `cpu` they are CPU cores: servers run side by side, each
-    confined to its own cores, and servers measure one at a time (gate.Turns) so their tok/s is their own.
+    first. On a GPU machine the devices are GPUs, and a stage whose tok/s decides measures while no other server is
+    busy (gate.Quiet). With `cpu` they are CPU cores: servers run side by side, each confined to its own cores, and
+    where a speed call binds whole variants measure one at a time (gate.Turns) so their tok/s is their own.
 
     One server's crash never stops the others. On Ctrl-C every running server is stopped (not just abandoned)
     and every scenario keeps what it measured.
@@ -201,9 +207,9 @@ def run_packed_scenarios(
     cancel = threading.Event()
     alone = cpu and speed_binds(work)
     turns = Turns(cancel) if alone else AnyTime()
+    gate = Gate(alone) if cpu else Quiet(cancel)  # on GPUs the deciding stages take turns, not whole variants
     mode = "packed" if not cpu else "overlapped" if alone else "parallel"
-    if cpu:
-        events(Event(MEASURING[mode]))
+    events(Event(MEASURING[mode]))
     unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []
     jobs: list[Job] = []
@@ -221,7 +227,7 @@ def run_packed_scenarios(
         scoped = _scoped(events, scenario.name)
         gpus, cores = ((), got) if cpu else (got, ())
         log = w.layout.log_file(scenario.name, prep.variant.name)
-        run = VariantRun(scenario, prep, log, scoped, gpus=gpus, cores=cores, cancel=cancel)
+        run = VariantRun(scenario, prep, log, scoped, gpus=gpus, cores=cores, cancel=cancel, gate=gate)
         recorder = recorders[index]
         recorder.add(run)
         watcher = threading.Thread(target=_stop_when_cancelled, args=(cancel, run), daemon=True)

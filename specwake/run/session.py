@@ -10,12 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import httpx
+
 from specwake.errors import EXIT_INTERRUPTED, EXIT_PASS, InputError, Interrupted
 from specwake.events import Event, Events
 from specwake.judge.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.judge.crashes import INPUT_REJECTED
 from specwake.judge.verdict import exit_code
-from specwake.prepare.hub import availability
+from specwake.prepare.hub import availability, confirm_on_hub
 from specwake.prepare.models import is_builtin
 from specwake.prepare.scenario import Overrides, Scenario, load_scenario
 from specwake.prepare.variants import (
@@ -281,13 +283,23 @@ def check_all(
     online: bool = False,
     sequential: bool = False,
     interleave: bool = False,
+    hub: httpx.Client | None = None,
 ) -> CheckOutcome:
     """Everything `run` resolves before launching, for every scenario, plus the GPU assignment packing would
-    choose and where each model would be loaded from (`online`: the Hub asked too); launches no server.
-    Input problems raise (exit 2), a missing engine raises (exit 3)."""
+    choose and where each model would be loaded from (`online`: the Hub asked too, through `hub`); launches no
+    server. Input problems raise (exit 2), among them a model id the Hub does not have; a missing engine, or a
+    Hub that does not answer when asked, raises (exit 3)."""
     inventory = gpus
     scenarios = [load_scenario(path, overrides) for path in paths]
     _refuse_same_names(scenarios)  # as run does
+    found = {
+        s.name: (
+            confirm_on_hub(str(s.file), _hub_models(s), client=hub)
+            if online
+            else [availability(m) for _, m in _hub_models(s)]
+        )
+        for s in scenarios
+    }
     patches = [inspect_patches(s) for s in scenarios]
     prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]
     validate_run(scenarios, prepared, cache, events)
@@ -323,14 +335,14 @@ def check_all(
             problems.append(str(exc))
         else:
             assigned = {a.job.key: a.gpus for a in plan}
+            mode = "packed"
     texts = []
     for scenario, variants in zip(scenarios, prepared, strict=True):
         plans = [
             plan_variant(scenario, p, 0, assigned.get(key(scenario, p), ()), cores.get(key(scenario, p), ()))
             for p in variants
         ]
-        found = [availability(m, online=online) for m in _hub_models(scenario)]
-        texts.append(describe(scenario, variants, plans, found))
+        texts.append(describe(scenario, variants, plans, found[scenario.name]))
     if mode:
         texts.append(f"run mode: {mode} — {RUN_MODES[mode]}")
     return CheckOutcome("\n".join(texts), problems)
@@ -347,7 +359,12 @@ RUN_MODES = {
 }
 
 
-def _hub_models(scenario: Scenario) -> list[str]:
-    """The scenario's model references that are not builtin: target, and drafter when it has its own."""
-    refs = [scenario.server.model, scenario.speculative.get("model")]
-    return [r for r in dict.fromkeys(refs) if isinstance(r, str) and not is_builtin(r)]
+def _hub_models(scenario: Scenario) -> list[tuple[str, str]]:
+    """(key, model) for the scenario's model references that are not builtin: target, and drafter when it has its
+    own (a drafter naming the target's model is listed once, under the target's key)."""
+    refs = {"server.model": scenario.server.model, "speculative.model": scenario.speculative.get("model")}
+    listed: dict[str, str] = {}
+    for key, ref in refs.items():
+        if isinstance(ref, str) and not is_builtin(ref):
+            listed.setdefault(ref, key)
+    return [(key, ref) for ref, key in listed.items()]

@@ -4,9 +4,11 @@ phase k = L2 cycle k + its stage, close. Variants can so run one after another o
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -16,6 +18,7 @@ from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFail
 from specwake.events import Event, Events
 from specwake.judge.assemble import VariantRecord, judge_variant, push_of
 from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
+from specwake.judge.verdict import speed_rule
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant, check_imports, plan_variant
 from specwake.protocol import TransferChunk
@@ -24,6 +27,7 @@ from specwake.run import diagnose
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
 from specwake.run.cycle import run_cycle
+from specwake.run.gate import Gate
 from specwake.run.measure import Workload, run_stage, stage_name
 from specwake.run.metrics import OperationClock
 from specwake.run.server import Server, ServerSpec, describe_exit, free_port
@@ -50,9 +54,12 @@ class VariantRun:
         cores: tuple[int, ...] = (),
         clock: Callable[[], float] = time.monotonic,
         cancel: threading.Event | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.scenario, self.prep, self.events, self.clock = scenario, prep, events, clock
         self.cancel = cancel  # set when the whole run is being interrupted (packed runs stop servers from outside)
+        self.gate = gate if gate is not None else Gate(alone=False)  # what its start, stages, cycles, stop wait for
+        self.decides = speed_rule(scenario.min_speedup_recovery, prep.l2_discard).binding  # its tok/s decides
         self.name = prep.variant.name
         self.log_path = log_path
         self.plan = plan_variant(scenario, prep, 0, gpus, cores)  # the port is bound just before launch (open)
@@ -91,6 +98,18 @@ class VariantRun:
         timings = self.record.timings
         timings[key] = round(timings.get(key, 0.0) + seconds, 3)
 
+    @contextlib.contextmanager
+    def _busy(self, stopping: bool = False) -> Iterator[None]:
+        """Starting, cycling, diagnosing or stopping: once the gate lets it (time waited: `waiting_for_turns`)."""
+        t0 = self.clock()
+        with self.gate.busy(stopping):
+            self._waited(t0)
+            yield
+
+    def _waited(self, since: float) -> None:
+        if self.clock() - since >= 0.05:  # below that, no turn was waited for
+            self._timed("waiting_for_turns", self.clock() - since)
+
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def _server(self, port: int) -> Server:
@@ -99,6 +118,10 @@ class VariantRun:
 
     def open(self) -> None:
         """Start the server, wait for /health, check it is ours and imports the right vLLM."""
+        with self._busy():
+            self._open()
+
+    def _open(self) -> None:
         self.plan = self.plan.with_port(free_port())  # as late as possible: a port picked early may be taken meanwhile
         self.record.argv = self.plan.argv
         self.server = self._server(self.plan.port)
@@ -156,8 +179,9 @@ class VariantRun:
 
     def close(self) -> None:
         """Stop the server (always safe to call, also when it never started)."""
-        t0 = self.clock()
-        self.server.stop()
+        with self._busy(stopping=True):
+            t0 = self.clock()
+            self.server.stop()
         if self.client is not None:
             self.client.http.close()
         self.ended = self.clock()
@@ -172,11 +196,13 @@ class VariantRun:
         try:
             if index == 0:
                 self._stage(self.client, 0)
-                self._diagnose(self.client, 0, protocol.FRESH_POINT)
-                if self.push is not None and self.push.syncs:
-                    self._checker(self.client, None)
+                with self._busy():
+                    self._diagnose(self.client, 0, protocol.FRESH_POINT)
+                    if self.push is not None and self.push.syncs:
+                        self._checker(self.client, None)
             else:
-                self._cycle(self.client, index)
+                with self._busy():
+                    self._cycle(self.client, index)
                 if not self.finished:
                     self._stage(self.client, index)
         except ServerFault as fault:
@@ -197,10 +223,14 @@ class VariantRun:
             self.say(f"{label}: request {len(done)}/{self.workload.repeats}: {completion.tok_s:.1f} tok/s")
 
         assert self.completer is not None
-        result, completions = run_stage(
-            client, self.completer, self.workload, name=label, cycle=cycle, fresh=fresh,
-            fresh_completions=self.fresh_completions, on_request=on_request,
-        )  # fmt: skip
+        with self.gate.stage(self.decides) as alone:
+            self._waited(t0)
+            t0 = self.clock()
+            result, completions = run_stage(
+                client, self.completer, self.workload, name=label, cycle=cycle, fresh=fresh,
+                fresh_completions=self.fresh_completions, on_request=on_request,
+            )  # fmt: skip
+        result = replace(result, measured_alone=alone)
         if cycle == 0:
             self.fresh_completions = completions
         self._timed("measurement", self.clock() - t0)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from specwake.protocol import Memory, PushAnswer, PushRequest
-from specwake.worker import push, transfer
+from specwake.worker import coverage, push, transfer
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
 from specwake.worker.tensors import Reference, data_ptrs, fingerprint
@@ -85,23 +85,54 @@ class SpecwakeWorkerExtension:
         """Summaries of every tensor of target and drafter, by kind. `save_as`: remember this call's checksums and
         addresses under that name; `compare_to`: count the tensors whose checksum differs from the ones saved under
         that name, and those that moved to another address since."""
-        models = named_models(self._specwake_runner())
+        runner = self._specwake_runner()
+        models = named_models(runner)
         refs = self._specwake_references()
         saved = refs.get(compare_to or "", {}) if compare_to else None
+        if save_as:  # the fresh stage: which parameters no load writes, found once
+            self._specwake_coverage = {role: self._specwake_uncovered(runner, role, models) for role in ROLES}
+        found = getattr(self, "_specwake_coverage", {})
         answer: dict[str, Any] = {}
         kept: dict[str, Reference] = {}
         for role in ROLES:
             kept[role] = {}
+            uncovered, error = found.get(role, (frozenset(), None))
             answer[role] = fingerprint(
                 models[role],
                 exclude=data_ptrs(models["target"]) if role == "draft" else None,
                 reference=None if saved is None else saved.get(role, {}),
                 keep=kept[role],
                 packed=packed_state(models[role]),
+                uncovered=uncovered,
+                coverage_error=error,
             )
         if save_as:
             refs[save_as] = kept
         return answer
+
+    @staticmethod
+    def _specwake_uncovered(
+        runner: Any, role: str, models: dict[str, torch.nn.Module | None]
+    ) -> tuple[frozenset[str], str | None]:
+        """(the parameters of `role`'s model that no load writes, why that is unknown): a dry run of the model's
+        load_weights over its checkpoint (specwake.worker.coverage). A drafter's parameters that are the target's
+        are the target's to judge. Never raises: a dry run that fails leaves every parameter judged."""
+        model, config = models[role], getattr(runner, "vllm_config", None)
+        if model is None or config is None:
+            return frozenset(), None
+        spec = config.speculative_config
+        model_config = config.model_config if role == "target" else getattr(spec, "draft_model_config", None)
+        if model_config is None:
+            return frozenset(), None
+        try:
+            with vllm_config_of(runner):
+                weights = coverage.checkpoint_names(config, model_config, model)
+                names = coverage.uncovered(model, weights, coverage.constructed(model))
+        except Exception as exc:  # noqa: BLE001 (any failure of a model's own load_weights: judged as before)
+            return frozenset(), f"{type(exc).__name__}: {exc}"[:300]
+        shared = data_ptrs(models["target"]) if role == "draft" else set()
+        params = dict(model.named_parameters())
+        return frozenset(n for n in names if params[n].data_ptr() not in shared), None
 
     def specwake_memory(self) -> dict[str, Any]:
         """Free/total accelerator memory of this rank in bytes; None on CPU (no device memory to report)."""
@@ -130,9 +161,24 @@ class SpecwakeWorkerExtension:
         return asdict(PushAnswer(done, sorted(set(seen)), sorted(set(spec.scale) - set(seen))))
 
     def specwake_transfer_manifest(self, role: str = "target") -> list[dict[str, Any]]:
-        """The chunks a weight sync sends for one model's session (specwake.worker.transfer.manifest)."""
+        """The chunks a weight sync sends for one model's session (specwake.worker.transfer.manifest); none for a
+        drafter session when the server has no drafter model. Runs on every rank: each resolves its engine's files
+        here, before any cycle, so no /update_weights resolves them (a Hub id would ask the Hub)."""
         runner = self._specwake_runner()
-        return [chunk.to_dict() for chunk in transfer.manifest(runner.vllm_config, role)]
+        vllm_config = runner.vllm_config
+        model_config = vllm_config.model_config
+        if role == "draft":
+            spec = vllm_config.speculative_config
+            model_config = spec.draft_model_config if spec is not None else None
+        model = named_models(runner)[role]
+        if model is None or model_config is None:
+            return []
+        engine = getattr(self, "weight_transfer_engine", None)
+        sources = getattr(engine, "sources", None)
+        if not isinstance(sources, transfer.SessionSources):  # no specwake engine (the sync would be refused)
+            sources = transfer.SessionSources(vllm_config)
+        chunks = transfer.manifest(sources.of(model, model_config), role)
+        return [chunk.to_dict() for chunk in chunks]
 
     def specwake_emulate_discard(self, fill: str = "zero") -> dict[str, Any]:
         """Discard everything of target and drafter that a real L2 sleep discards (specwake.worker.discard)."""

@@ -133,11 +133,14 @@ def fingerprint(
     reference: Reference | None = None,
     keep: Reference | None = None,
     packed: tuple[int, int] = (0, 0),
+    uncovered: frozenset[str] = frozenset(),
+    coverage_error: str | None = None,
 ) -> dict[str, Any]:
     """Per-model summary of every judged tensor (parameters, buffers, plain attributes). `exclude`: data pointers
     owned by another model (counted as shared). `reference`: what `keep` held at an earlier call, to count the
     tensors whose checksum differs and those now at another address (moved). `packed`: (modules computing from a
-    packed CPU copy, those whose copy is still discarded)."""
+    packed CPU copy, those whose copy is still discarded). `uncovered`: parameters no load writes
+    (specwake.worker.coverage): compared apart, never counted in `differ`."""
     if model is None:
         return Fingerprint(present=False).to_dict()
     exclude = exclude or set()
@@ -145,7 +148,7 @@ def fingerprint(
     kinds = dict.fromkeys(KINDS, 0)
     kind_of: dict[str, str] = {}
     total, unread = 0.0, 0
-    compared, differ, moved = 0, [], []
+    compared, differ, moved, uncovered_differ = 0, [], [], []
     resident: set[str] = set()
     for entry in inventory(model):
         if entry.unread:
@@ -170,10 +173,12 @@ def fingerprint(
         if keep is not None:
             keep[entry.name] = (value, tensor.data_ptr())
         if reference is not None and entry.name in reference:
-            compared += 1
             then_value, then_address = reference[entry.name]
-            if differs(value, then_value):
-                differ.append(entry.name)
+            if entry.name in uncovered:
+                uncovered_differ += [entry.name] if differs(value, then_value) else []
+            else:
+                compared += 1
+                differ += [entry.name] if differs(value, then_value) else []
             if tensor.data_ptr() != then_address:
                 moved.append(entry.name)
     found = Fingerprint(
@@ -191,9 +196,14 @@ def fingerprint(
         packed=packed[0],
         packed_discarded=packed[1],
         abs_sum=total,
+        uncovered=len(uncovered),
+        uncovered_names=sorted(uncovered)[:NAMES_SHOWN],
+        coverage_error=coverage_error,
     )
     if reference is not None:
         gone = sorted(set(reference) - resident)  # resident at fresh, now gone, on meta or emptied
+        uncovered_differ += [name for name in gone if name in uncovered]
+        gone = [name for name in gone if name not in uncovered]
         differ += gone
         moved += gone
         found = replace(
@@ -205,6 +215,8 @@ def fingerprint(
             moved=len(moved),
             moved_names=moved[:NAMES_SHOWN],
             moved_by_kind=_by_kind(moved, kind_of),
+            uncovered_differ=len(uncovered_differ),
+            uncovered_differ_names=uncovered_differ[:NAMES_SHOWN],
         )
     return found.to_dict()
 

@@ -10,12 +10,15 @@ pages with no rendezvous) and hands them to the model's `load_weights`, as the `
 
 specwake stands in for the trainer: its "new weights" are the checkpoint the server loaded, so a sync that reaches
 every tensor restores the model exactly, and the fingerprints can judge it. The CLI asks the workers for the
-checkpoint's files and tensor names (`manifest`), then sends them in chunks through POST /update_weights.
+checkpoint's files and tensor names (`manifest`), then sends them in chunks through POST /update_weights. Which files
+those are is vLLM's default loader's answer (for a Hub id it asks the Hub), resolved once per model and engine: the
+manifest call at startup resolves them on every rank, and no /update_weights asks again.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,51 +28,104 @@ from specwake.protocol import TRANSFER_BACKEND, TransferChunk
 CHUNK_TENSORS = 16  # tensors per /update_weights call: several calls per session, as trainers send them
 
 
-def checkpoint_files(model_config: Any, load_config: Any) -> list[str]:
-    """The safetensors files vLLM's default loader reads for `model_config` (a local folder, or the Hub snapshot
-    it downloaded at startup), as absolute paths."""
+@dataclass(frozen=True)
+class WeightFiles:
+    """One weight source of a model as vLLM's default loader reads it (`DefaultModelLoader.Source`): its safetensors
+    files, the prefix the loader puts before each tensor name, and the names the model declares it does not load."""
+
+    prefix: str
+    files: tuple[str, ...]
+    unused: Callable[[str], bool] | None = field(default=None, compare=False)
+
+    def names(self, file: str) -> list[str]:
+        """The tensor names of one of the files that the model loads, in the file's order."""
+        from safetensors import safe_open
+
+        with safe_open(file, framework="pt") as opened:
+            names = list(opened.keys())
+        return [n for n in names if self.unused is None or not self.unused(n)]
+
+
+def _files(loader: Any, source: Any, unused: Callable[[str], bool] | None) -> WeightFiles:
+    """What `DefaultModelLoader._get_weights_iterator` reads for one source: `_prepare_weights` with the source's
+    patterns, then the shards holding only unused weights dropped."""
+    _, files, use_safetensors, _ = loader._prepare_weights(
+        source.model_or_path, source.subfolder, source.revision, source.fall_back_to_pt,
+        source.allow_patterns_overrides,
+    )  # fmt: skip
+    what = source.model_or_path + (f" (weights prefixed {source.prefix!r})" if source.prefix else "")
+    if not use_safetensors:
+        raise ValueError(f"{what}: no safetensors files (specwake's transport reads only those)")
+    if unused is not None:
+        with contextlib.suppress(ImportError):  # a vLLM without the filter reads every shard
+            from vllm.model_executor.model_loader.weight_utils import filter_safetensors_files_by_weight_name
+
+            files = filter_safetensors_files_by_weight_name(files, unused)
+    return WeightFiles(source.prefix, tuple(sorted(str(Path(f).resolve()) for f in files)), unused)
+
+
+def weight_sources(model: Any, model_config: Any, load_config: Any) -> list[WeightFiles]:
+    """Every file vLLM's default loader reads for `model` (`DefaultModelLoader.get_all_weights`): the checkpoint
+    under the model's `allow_patterns_overrides` and `fall_back_to_pt_during_load`, then each of its
+    `secondary_weights` sources with their own patterns and prefix; for a Hub id, the snapshot vLLM downloaded."""
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
     loader = DefaultModelLoader(load_config)
-    _, files, use_safetensors, _ = loader._prepare_weights(
-        model_config.model, getattr(model_config, "subfolder", None), model_config.revision,
-        fall_back_to_pt=False, allow_patterns_overrides=None,
-    )  # fmt: skip
-    if not use_safetensors:
-        raise ValueError(f"{model_config.model}: no safetensors files (specwake's transport reads only those)")
-    return sorted(str(Path(f).resolve()) for f in files)
+    primary = DefaultModelLoader.Source(
+        model_config.model,
+        model_config.revision,
+        fall_back_to_pt=getattr(model, "fall_back_to_pt_during_load", True),
+        allow_patterns_overrides=getattr(model, "allow_patterns_overrides", None),
+    )
+    found = [_files(loader, primary, getattr(model, "is_unused_checkpoint_weight", None))]
+    secondary: Iterable[Any] = getattr(model, "secondary_weights", None) or ()
+    return found + [_files(loader, s, getattr(s, "is_unused_weight", None)) for s in secondary]
 
 
-def session_files(vllm_config: Any, model_config: Any) -> list[str]:
-    """The checkpoint files of a session's model: the target's, or the drafter's (with the drafter's load config)."""
-    load_config = vllm_config.load_config
+def session_load_config(vllm_config: Any, model_config: Any) -> Any:
+    """The load config vLLM loaded a session's model with: the target's, or the drafter's (`get_draft_load_config`)."""
     spec = vllm_config.speculative_config
     if spec is not None and model_config is spec.draft_model_config:
         try:
             from vllm.model_executor.model_loader.utils import get_draft_load_config
 
-            load_config = get_draft_load_config(vllm_config)
+            return get_draft_load_config(vllm_config)
         except ImportError:
             pass
-    return checkpoint_files(model_config, load_config)
+    return vllm_config.load_config
 
 
-def manifest(vllm_config: Any, role: str, chunk: int = CHUNK_TENSORS) -> list[TransferChunk]:
-    """The chunks of one session: every tensor of the session model's checkpoint, `chunk` names per call; none for
-    a drafter session when the server has no drafter model."""
-    from safetensors import safe_open
+Resolve = Callable[[Any, Any, Any], list[WeightFiles]]
 
-    model_config = vllm_config.model_config
-    if role == "draft":
-        spec = vllm_config.speculative_config
-        if spec is None or spec.draft_model_config is None:
-            return []
-        model_config = spec.draft_model_config
+
+class SessionSources:
+    """The weight sources of each model a session can target, resolved on first use and kept: one engine's answer
+    for the life of the server (the checkpoint does not change under a running server)."""
+
+    def __init__(self, vllm_config: Any, resolve: Resolve = weight_sources) -> None:
+        self.vllm_config = vllm_config
+        self._resolve = resolve
+        self._known: dict[int, tuple[Any, tuple[WeightFiles, ...]]] = {}  # id(model) → (model, its sources)
+
+    def of(self, model: Any, model_config: Any) -> tuple[WeightFiles, ...]:
+        known = self._known.get(id(model))
+        if known is None or known[0] is not model:
+            load_config = session_load_config(self.vllm_config, model_config)
+            known = (model, tuple(self._resolve(model, model_config, load_config)))
+            self._known[id(model)] = known
+        return known[1]
+
+
+def manifest(sources: Iterable[WeightFiles], role: str, chunk: int = CHUNK_TENSORS) -> list[TransferChunk]:
+    """The chunks of one session: every tensor the model loads from each of its sources, `chunk` names per call."""
     chunks = []
-    for file in session_files(vllm_config, model_config):
-        with safe_open(file, framework="pt") as opened:
-            names = list(opened.keys())
-        chunks += [TransferChunk(role, file, tuple(names[i : i + chunk])) for i in range(0, len(names), chunk)]
+    for source in sources:
+        for file in source.files:
+            names = source.names(file)
+            chunks += [
+                TransferChunk(role, file, tuple(names[i : i + chunk]), source.prefix)
+                for i in range(0, len(names), chunk)
+            ]
     return chunks
 
 
@@ -96,12 +152,17 @@ def _engine_class() -> type:
     class FileUpdateInfo(WeightTransferUpdateInfo):
         file: str
         names: list[str] = field(default_factory=list)
+        prefix: str = ""  # the source's prefix (`secondary_weights`), put before each name as vLLM's loader does
 
     class FileWeightTransferEngine(IPCWeightTransferEngine):
         """vLLM's `ipc` engine with a file transport instead of CUDA IPC (see the module docstring)."""
 
         init_info_cls = FileInitInfo
         update_info_cls = FileUpdateInfo  # type: ignore[assignment]  # not CUDA IPC handles: a file and names
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.sources = SessionSources(self.vllm_config)
 
         def init_transfer_engine(self, init_info: Any) -> None:
             self.packed = False
@@ -110,12 +171,17 @@ def _engine_class() -> type:
             from safetensors import safe_open
 
             # Only the session model's own checkpoint: the path comes over HTTP.
-            allowed = session_files(self.vllm_config, self.model_config)
             file = str(Path(update_info.file).resolve())
-            if file not in allowed:
-                raise ValueError(f"{update_info.file} is not a checkpoint file of {self.model_config.model}")
+            sources = self.sources.of(self.model, self.model_config)
+            if not any(s.prefix == update_info.prefix and file in s.files for s in sources):
+                raise ValueError(
+                    f"{update_info.file} (prefix {update_info.prefix!r}) is not a checkpoint file of"
+                    f" {self.model_config.model}"
+                )
             with safe_open(file, framework="pt", device="cpu") as opened:
-                weights: list[tuple[str, torch.Tensor]] = [(n, opened.get_tensor(n)) for n in update_info.names]
+                weights: list[tuple[str, torch.Tensor]] = [
+                    (update_info.prefix + n, opened.get_tensor(n)) for n in update_info.names
+                ]
             with _partial_load_allowed():
                 self.model.load_weights(weights)  # type: ignore[operator]
 

@@ -213,6 +213,13 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
+        began = time.time()
+        try:
+            self.post()
+        finally:  # when each request ran: tests check which of a packed machine's servers were busy at once
+            print(f"INFO: POST {urlsplit(self.path).path} from t={began:.6f} to t={time.time():.6f}", flush=True)
+
+    def post(self) -> None:
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         state = self.state
@@ -386,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     Handler.state = State(args)
     httpd = ThreadingHTTPServer((args.host, args.port), Handler)
     httpd.daemon_threads = True
-    print(f"INFO: Starting vLLM API server on http://{args.host}:{args.port}", flush=True)
+    print(f"INFO: Starting vLLM API server on http://{args.host}:{args.port} t={time.time():.6f}", flush=True)
     httpd.serve_forever()
 
 

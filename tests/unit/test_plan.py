@@ -263,3 +263,22 @@ def test_variant_args_follow_the_server_args_and_a_floor_has_no_speculation(tmp_
         baseline[baseline.index("--speculative-config") + 1],
     ]
     assert scenario.settings()["variants"]["floor"]["speculative"] is False
+
+
+@pytest.mark.parametrize(("method", "crashes"), [("dflash", "DFlash"), ("dspark", "DSpark"), ("eagle3", None)])
+def test_check_says_a_chunked_draft_sync_of_a_dflash_or_dspark_drafter_crashes(
+    tmp_path: Path, method: str, crashes: str | None
+) -> None:
+    path = tmp_path / "sync.toml"
+    text = SCENARIO.replace('method = "eagle3"', f'method = "{method}"').split("[variants.baseline]")[0]
+    text += '[cycle]\nreload = "weight_transfer"\n[variants.target]\npush_to = ["target"]\n'
+    path.write_text(text + '[variants.both]\npush_to = ["target", "draft"]\n')
+    scenario = load_scenario(path)
+    prepared = [prepared_variant(scenario, name, "emulated") for name in ("target", "both")]
+    text = "\n".join(measurement_plan(scenario, prepared))
+    notes = [line for line in text.splitlines() if "chunked draft session crashes" in line]
+    if crashes is None:
+        assert notes == []
+        return
+    assert len(notes) == 1 and f"this {crashes} drafter inside vLLM's load_weights" in notes[0]
+    assert text.index("both: expect") < text.index(notes[0])  # said under the variant that syncs the drafter
