@@ -42,7 +42,7 @@ check: install
 
 # Every tier: unit, component (fake engines and servers), e2e (real vLLM CPU servers). What CI runs.
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=30
 
 lint: install
 	$(BIN)/ruff check specwake tests benchmarks

@@ -16,13 +16,56 @@ and everything else — starts, cycles, diagnostics, stops, stages whose tok/s d
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from specwake.errors import Interrupted
 
 _POLL_S = 0.2  # how often a waiting server looks at the cancel flag
+
+
+class _Tickets:
+    """First come first served: each waiter takes a ticket and waits until it is served (and, while `also_wait()`
+    holds, longer). `cond` guards the caller's own state as well. A waiter that gives up (the run was cancelled) has
+    its ticket passed straight on when its turn comes."""
+
+    def __init__(self, cancel: threading.Event | None) -> None:
+        self.cond = threading.Condition()
+        self.issued = 0  # tickets handed out
+        self.serving = 0  # the ticket whose turn it is; issued > serving: someone holds or waits for a turn
+        self._given_up: set[int] = set()
+        self._cancel = cancel
+
+    def cancelled(self) -> bool:
+        return self._cancel is not None and self._cancel.is_set()
+
+    @contextlib.contextmanager
+    def turn(self, why: str, also_wait: Callable[[], bool] = lambda: False) -> Iterator[None]:
+        """Hold a turn; `why` words the Interrupted raised when the run is cancelled while waiting."""
+        with self.cond:
+            ticket = self.issued
+            self.issued += 1
+            try:
+                while self.serving != ticket or also_wait():
+                    if self.cancelled():
+                        raise Interrupted(why)
+                    self.cond.wait(_POLL_S)
+            except BaseException:
+                self._given_up.add(ticket)
+                self._pass_on()
+                raise
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.serving += 1
+                self._pass_on()
+
+    def _pass_on(self) -> None:
+        while self.serving in self._given_up:
+            self._given_up.discard(self.serving)
+            self.serving += 1
+        self.cond.notify_all()
 
 
 class Turns:
@@ -30,37 +73,12 @@ class Turns:
     server raise Interrupted instead of waiting on."""
 
     def __init__(self, cancel: threading.Event | None = None) -> None:
-        self._cond = threading.Condition()
-        self._tickets = itertools.count()
-        self._serving = 0  # the ticket whose turn it is
-        self._given_up: set[int] = set()  # tickets of servers that stopped waiting (the run was cancelled)
-        self._cancel = cancel
+        self._tickets = _Tickets(cancel)
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
-        with self._cond:
-            ticket = next(self._tickets)
-            try:
-                while self._serving != ticket:
-                    if self._cancel is not None and self._cancel.is_set():
-                        raise Interrupted("the run was cancelled while a server waited for its turn to measure")
-                    self._cond.wait(_POLL_S)
-            except BaseException:
-                self._given_up.add(ticket)  # its turn, when it comes, passes straight on
-                self._pass_on()
-                raise
-        try:
+        with self._tickets.turn("the run was cancelled while a server waited for its turn to measure"):
             yield
-        finally:
-            with self._cond:
-                self._serving += 1
-                self._pass_on()
-
-    def _pass_on(self) -> None:
-        while self._serving in self._given_up:
-            self._given_up.discard(self._serving)
-            self._serving += 1
-        self._cond.notify_all()
 
 
 class AnyTime(Turns):
@@ -98,30 +116,24 @@ class Quiet(Gate):
 
     def __init__(self, cancel: threading.Event | None = None) -> None:
         super().__init__(alone=False)
-        self._cond = threading.Condition()
-        self._issued = 0  # tickets handed to deciding stages
-        self._serving = 0  # the ticket whose turn it is; issued > serving: a stage measures or waits
-        self._given_up: set[int] = set()
+        self._tickets = _Tickets(cancel)  # deciding stages; its condition also guards `_busy`
         self._busy = 0  # servers busy right now
-        self._cancel = cancel
-
-    def _cancelled(self) -> bool:
-        return self._cancel is not None and self._cancel.is_set()
 
     @contextlib.contextmanager
     def busy(self, stopping: bool = False) -> Iterator[None]:
-        with self._cond:
-            while self._issued != self._serving and not (stopping and self._cancelled()):
-                if self._cancelled():
+        t = self._tickets
+        with t.cond:
+            while t.issued != t.serving and not (stopping and t.cancelled()):
+                if t.cancelled():
                     raise Interrupted("the run was cancelled while a server waited for another's stage to end")
-                self._cond.wait(_POLL_S)
+                t.cond.wait(_POLL_S)
             self._busy += 1
         try:
             yield
         finally:
-            with self._cond:
+            with t.cond:
                 self._busy -= 1
-                self._cond.notify_all()
+                t.cond.notify_all()
 
     @contextlib.contextmanager
     def stage(self, decides: bool) -> Iterator[bool]:
@@ -129,27 +141,6 @@ class Quiet(Gate):
             with self.busy():
                 yield False
             return
-        with self._cond:
-            ticket = self._issued
-            self._issued += 1
-            try:
-                while self._serving != ticket or self._busy:
-                    if self._cancelled():
-                        raise Interrupted("the run was cancelled while a server waited for its turn to measure")
-                    self._cond.wait(_POLL_S)
-            except BaseException:
-                self._given_up.add(ticket)
-                self._pass_on()
-                raise
-        try:
+        why = "the run was cancelled while a server waited for its turn to measure"
+        with self._tickets.turn(why, also_wait=lambda: self._busy > 0):
             yield True
-        finally:
-            with self._cond:
-                self._serving += 1
-                self._pass_on()
-
-    def _pass_on(self) -> None:
-        while self._serving in self._given_up:
-            self._given_up.discard(self._serving)
-            self._serving += 1
-        self._cond.notify_all()
