@@ -25,6 +25,9 @@ from tests.helpers.paths import REPO
 from tests.helpers.procs import installed_vllm, require_module
 from tests.helpers.vllm_history import commit, git, release, start, touch
 
+# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
+pytestmark = pytest.mark.timeout(3600)
+
 require_module("vllm")
 
 FIX = REPO / "scenarios" / "patches" / "draft-reload.diff"

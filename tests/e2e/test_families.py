@@ -18,6 +18,9 @@ from specwake.report.markdown import for_terminal
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, run_scenario_cli
 
+# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
+pytestmark = pytest.mark.timeout(3600)
+
 CPU_SCENARIOS = REPO / "scenarios" / "cpu"
 NAIVE = REPO / "tests" / "data" / "naive-draft-reload.diff"
 FAMILIES = {

@@ -15,6 +15,9 @@ from specwake.prepare.scenario import load_scenario
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, run_scenario_cli
 
+# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
+pytestmark = pytest.mark.timeout(2400)
+
 require_module("vllm")
 
 SCENARIOS = sorted(str(p.relative_to(REPO)) for p in (REPO / "scenarios" / "cpu").glob("push-*.toml"))

@@ -26,6 +26,9 @@ import pytest
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, run_scenario_cli, variant_of
 
+# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
+pytestmark = pytest.mark.timeout(1800)
+
 require_module("vllm")
 
 

@@ -16,6 +16,9 @@ import pytest
 from specwake.protocol import SYNC_POINT
 from tests.helpers.procs import require_module, run_scenario_cli
 
+# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
+pytestmark = pytest.mark.timeout(1800)
+
 require_module("vllm")
 
 SCENARIOS = ["scenarios/cpu/sync-draft-model.toml", "scenarios/cpu/sync-mimo-mtp.toml"]

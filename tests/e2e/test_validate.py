@@ -16,6 +16,9 @@ from tests.helpers.fakeengine import REPO, run_cli
 from tests.helpers.procs import require_module
 from tests.helpers.scenario_texts import MINIMAL
 
+# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
+pytestmark = pytest.mark.timeout(1200)
+
 require_module("vllm")
 
 
