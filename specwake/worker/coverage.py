@@ -34,52 +34,24 @@ DTYPES = {
 }  # fmt: skip
 
 
-def _sources(model_config: Any, model: torch.nn.Module) -> list[tuple[Any, str]]:
-    """(Source, name prefix) of every checkpoint vLLM's DefaultModelLoader.get_all_weights reads for `model`: the
-    model's own (with its `allow_patterns_overrides`), then its `secondary_weights`."""
-    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
-
-    primary = DefaultModelLoader.Source(
-        model_config.model,
-        model_config.revision,
-        prefix="",
-        fall_back_to_pt=False,
-        allow_patterns_overrides=getattr(model, "allow_patterns_overrides", None),
-    )
-    return [(source, source.prefix) for source in (primary, *getattr(model, "secondary_weights", ()))]
-
-
 def checkpoint_names(vllm_config: Any, model_config: Any, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors as `load_weights` receives them, each as a meta tensor of its shape and dtype (read
-    from the safetensors headers: no data)."""
+    from the safetensors headers: no data). The files and names are the ones the weight-transfer engine resolves
+    (specwake.worker.transfer.weight_sources: vLLM's default loader's sources, prefixes and unused names)."""
     from safetensors import safe_open
-    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-    spec = vllm_config.speculative_config
-    config = vllm_config.load_config
-    if spec is not None and model_config is spec.draft_model_config:
-        try:
-            from vllm.model_executor.model_loader.utils import get_draft_load_config
+    from specwake.worker.transfer import session_load_config, weight_sources
 
-            config = get_draft_load_config(vllm_config)
-        except ImportError:  # a vLLM without a separate draft load config
-            pass
-    loader = DefaultModelLoader(config)
-    unused = getattr(model, "is_unused_checkpoint_weight", None)
-    for source, prefix in _sources(model_config, model):
-        _, files, use_safetensors, _ = loader._prepare_weights(
-            source.model_or_path, source.subfolder, source.revision, False, source.allow_patterns_overrides
-        )
-        if not use_safetensors:
-            raise ValueError(f"{source.model_or_path}: no safetensors files (only their headers are read)")
-        for file in sorted(files):
+    for source in weight_sources(model, model_config, session_load_config(vllm_config, model_config)):
+        for file in source.files:
+            wanted = set(source.names(file))
             with safe_open(file, framework="pt") as handle:
                 for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    if prefix == "" and callable(unused) and unused(name):
+                    if name not in wanted:
                         continue
                     part = handle.get_slice(name)
                     dtype = DTYPES.get(part.get_dtype(), torch.uint8)
-                    yield prefix + name, torch.empty(part.get_shape(), dtype=dtype, device="meta")
+                    yield source.prefix + name, torch.empty(part.get_shape(), dtype=dtype, device="meta")
 
 
 def _snapshot(model: torch.nn.Module) -> list[tuple[torch.nn.Module, dict[str, Any], list[dict[str, Any]]]]:
