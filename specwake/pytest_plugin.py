@@ -4,12 +4,20 @@
     pytest                                    # with `specwake_scenarios = scenarios/cpu` in the ini file
 
 A scenario runs once, when its first selected item runs (only the selected variants: `-k patched` starts one
-server); each variant is then reported as its own item. An item passes when its variant met its expectation with
-no finding; its failure text is the variant's verdict line, why, and its stages. Each item records its figures as
-properties (outcome, expected, AL fresh and after each cycle, tok/s ratio, wake seconds), which pytest's
-`--junitxml` and CI collectors such as Buildkite's carry as they are. Markers come from the scenario: `cpu` or
-`gpu`, and the drafter method (`eagle3`, `mtp`, `draft_model`, …). A scenario this machine cannot run is skipped
-with `run`'s reason; a bad scenario file is a collection error naming its file and key.
+server); each variant is then reported as its own item, its time its variant's own seconds (the first item does not
+carry the whole run). An item passes when its variant met its expectation with no finding; its failure, headed
+`VARIANT (FILE)`, is the variant's verdict line, why, and its stages. Each item records its figures as properties
+(outcome, expected, AL fresh and after each cycle, tok/s ratio, wake seconds), which pytest's `--junitxml` and CI
+collectors such as Buildkite's carry as they are. Markers come from the scenario: `cpu` or `gpu`, and the drafter
+method (`eagle3`, `mtp`, `draft_model`, …). A scenario this machine cannot run is skipped with `run`'s reason; a bad
+scenario file is a collection error naming its file and key. `-x` stops at the first failing item: the scenario has
+run all its selected variants by then (their results are in its run folder), but the items after it are not
+reported, and no further scenario starts.
+
+Under pytest-xdist (`-n N`, any `--dist`) the workers take turns (`Turns`): one scenario runs at a time in the whole
+session, as without xdist (two runs at once would share the GPUs and the cores, and disturb each other's timings),
+and each scenario runs once; a worker given items of a scenario another worker ran reads that run's results. Under
+`-x` each worker still runs the items xdist has already handed it, which may start further scenarios.
 
 Registered through the `pytest11` entry point, the plugin does nothing unless scenario files are collected: a
 `.toml` file is collected only when it was named on the command line (itself or a folder above it) or lies in a
@@ -19,8 +27,11 @@ specwake, or runs pytest on its default paths, sees no change.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,12 +44,17 @@ else:  # pragma: no cover
 
 from specwake.errors import InfraError, InputError, Interrupted, SpecwakeError
 from specwake.events import Event
+from specwake.files import write_atomic
 
 if TYPE_CHECKING:
     from specwake.results import ScenarioResult, VariantResult
 
+    Outcome = tuple[list[ScenarioResult], Path | None]  # a scenario's results and its run folder
+
 INI_FOLDERS = "specwake_scenarios"
 SPEED_RATIO_SHOWN = 0.9  # any threshold gives the same ratio; the property is the ratio, not the call
+XDIST_FOLDER = "pytest-xdist"  # in specwake's cache: one folder per xdist session, shared by its workers
+_TESTRUN = pytest.StashKey[str]()  # on xdist's controller: the session's test-run id, whose folder it removes
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,6 +73,35 @@ def pytest_configure(config: pytest.Config) -> None:
     folders = [str(p) for p in config.getini(INI_FOLDERS)]
     if folders and config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args = [*config.args, *(f for f in folders if f not in config.args)]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller, for each worker it starts: note the test-run id all the workers share."""
+    node.config.stash[_TESTRUN] = node.workerinput["testrunuid"]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On xdist's controller, once its workers are done: remove their shared folder (if they made one)."""
+    testrun = session.config.stash.get(_TESTRUN, None)
+    if testrun is not None:
+        shutil.rmtree(_shared_folder(testrun), ignore_errors=True)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A scenario item's call lasts its variant's own seconds: the first item ran the whole scenario, and under
+    xdist the others may have waited for it; pytest's JUnit and --durations take the time from here."""
+    report = yield
+    if isinstance(item, VariantItem) and call.when == "call" and item.seconds is not None:
+        report.duration = item.seconds
+    return report
+
+
+def _shared_folder(testrun: str) -> Path:
+    from specwake.prepare.models import cache_dir
+
+    return cache_dir() / XDIST_FOLDER / testrun
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -124,8 +169,12 @@ class ScenarioFile(pytest.File):
         if self.problem is not None:
             raise self.problem
         if self.outcome is None:
+            workerinput = getattr(self.config, "workerinput", None)
             try:
-                self.outcome = self._run()
+                if workerinput is None:
+                    self.outcome = self._run()
+                else:
+                    self.outcome = Turns(_shared_folder(workerinput["testrunuid"])).run_once(self.nodeid, self._run)
             except Interrupted:
                 raise KeyboardInterrupt from None  # pytest ends the session as on any Ctrl-C (result files are kept)
             except SpecwakeError as exc:
@@ -159,12 +208,61 @@ class ScenarioFile(pytest.File):
         return outcome.results, outcome.run_root
 
 
+class Turns:
+    """The workers of one pytest-xdist session run scenarios one at a time, each once: under a lock file in a folder
+    they share, a worker runs a scenario and records how it ended — its run folder, or the error it ended with — and a
+    worker whose items belong to a recorded scenario reads its results from the run folder instead."""
+
+    _ERRORS: dict[str, type[SpecwakeError]] = {"input": InputError, "infra": InfraError}
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def run_once(self, scenario: str, run: Callable[[], Outcome]) -> Outcome:
+        import fcntl  # POSIX, as runs are; imported here so that pytest itself loads the plugin anywhere
+
+        record = self.folder / f"{hashlib.sha256(scenario.encode()).hexdigest()[:16]}.json"
+        if record.is_file():  # written whole (write_atomic), once the run's files are
+            return self._recorded(record)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / "turn.lock", "a", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or its worker dies
+            if record.is_file():  # run by the worker that had the turn before
+                return self._recorded(record)
+            try:
+                outcome = run()
+            except Interrupted:
+                raise  # nothing recorded: the session is ending
+            except SpecwakeError as exc:
+                kind = next((k for k, cls in self._ERRORS.items() if isinstance(exc, cls)), "other")
+                write_atomic(record, json.dumps({"error": kind, "message": str(exc)}))
+                raise
+            _, root = outcome
+            write_atomic(record, json.dumps({"run": str(root) if root is not None else None}))
+            return outcome
+
+    def _recorded(self, record: Path) -> Outcome:
+        from specwake.runfolder import load_result, scenario_results
+
+        data = json.loads(record.read_text(encoding="utf-8"))
+        if "error" in data:
+            raise self._ERRORS.get(data["error"], SpecwakeError)(data["message"])
+        root = Path(data["run"]) if data["run"] is not None else None
+        return [load_result(p) for p in scenario_results(root)] if root is not None else [], root
+
+
 class VariantFailed(Exception):
     """A variant that did not meet its expectation, or has a finding: its text is the verdict."""
 
 
 class VariantItem(pytest.Item):
     parent: ScenarioFile
+    seconds: float | None = None  # the variant's own, once its result is known
+
+    def reportinfo(self) -> tuple[Path, None, str]:
+        # The name that heads a failure. Not `FILE::VARIANT`: pytest's verbose lines rewrite a name the node id
+        # ends with, '.' to '::' (_pytest/terminal.py, _locationline).
+        return self.path, None, f"{self.name} ({self.path.name})"
 
     def runtest(self) -> None:
         from specwake.judge.verdict import recorded_tolerance
@@ -179,6 +277,7 @@ class VariantItem(pytest.Item):
         variant = next((v for v in result.variants if v.name == self.name), None)
         if variant is None:
             raise VariantFailed(f"{self.name}: not in the run's results (see {result.scenario.get('file')})")
+        self.seconds = variant.seconds
         self.user_properties += properties(variant)
         if not passed(variant):
             raise VariantFailed(variant_text(variant, recorded_tolerance(result)))
@@ -202,5 +301,5 @@ def properties(variant: VariantResult) -> list[tuple[str, object]]:
     props.append(("tok_s_ratio", round(call.ratio, 3) if call is not None and call.ratio is not None else None))
     wake = variant.wake_seconds()
     props.append(("wake_seconds", round(max(wake.values()), 3) if wake else None))
-    props.append(("variant_seconds", round(variant.seconds, 1)))  # the item's own time: the run is the first item's
+    props.append(("variant_seconds", round(variant.seconds, 1)))
     return props

@@ -1,15 +1,19 @@
 """specwake's pytest plugin (specwake/pytest_plugin.py) in a real pytest subprocess, on the fake engine: scenario
-files become one item per variant, a scenario runs once, figures land in pytest's own JUnit as properties, markers
-select, a scenario the machine cannot run is skipped with run's reason, a bad one is a collection error naming its
-file and key; and a project that merely installs specwake (this suite included) collects nothing new."""
+files become one item per variant, a scenario runs once (under pytest-xdist too, whatever the distribution), each
+item's time is its variant's own and its failure is headed by the item, figures land in pytest's own JUnit as
+properties, markers select, `-x` stops the reports and not the scenario, a scenario the machine cannot run is skipped
+with run's reason, a bad one is a collection error naming its file and key; and a project that merely installs
+specwake (this suite included) collects nothing new."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from specwake.runfolder import load_result
 from tests.helpers.fakeengine import FakeEngine, cli_env, scenario_text
 from tests.helpers.paths import REPO
 
@@ -46,6 +50,20 @@ def properties(case: ET.Element) -> dict[str, str]:
     return {p.get("name", ""): p.get("value", "") for p in case.iter("property")}
 
 
+def assert_each_item_has_its_variants_time(junit: Path, run: Path) -> None:
+    """pytest's JUnit time of each item is its variant's own seconds (result.json), not the scenario's on one item."""
+    seconds = {v.name: v.seconds for v in load_result(run).variants}
+    times = {c.get("name"): float(c.get("time", "nan")) for c in ET.parse(junit).getroot().iter("testcase")}
+    assert set(times) == set(seconds)
+    for name, own in seconds.items():
+        assert abs(times[name] - own) < 0.01, (name, times, seconds)
+
+
+def assert_the_failure_is_headed_by_its_item(stdout: str) -> None:
+    assert re.search(r"^_+ wrong \(family\.toml\) _+$", stdout, re.M), stdout
+    assert not re.search(r"^_+ test session _+$", stdout, re.M), stdout
+
+
 def test_each_variant_is_an_item_and_the_scenario_runs_once(engine: FakeEngine, tmp_path: Path) -> None:
     scenario = three_variants(engine, tmp_path)
     junit = tmp_path / "junit.xml"
@@ -68,6 +86,52 @@ def test_each_variant_is_an_item_and_the_scenario_runs_once(engine: FakeEngine, 
     assert float(properties(cases["patched"])["al_after_cycle_1"]) > 1.5
     assert wrong["outcome"] == "collapse" and wrong["expected"] == "recover"
     assert cases["wrong"].find("failure") is not None
+    [run] = (tmp_path / "out").iterdir()
+    assert_each_item_has_its_variants_time(junit, run)
+    assert_the_failure_is_headed_by_its_item(proc.stdout)
+
+
+def test_under_xdist_a_scenario_runs_once(engine: FakeEngine, tmp_path: Path) -> None:
+    # `-n 2` alone distributes items one by one (xdist's `load`): the three items land on both workers.
+    three_variants(engine, tmp_path)
+    junit = tmp_path / "junit.xml"
+    proc = pytest_in(tmp_path, tmp_path / "cache", "-p", "xdist", "-n", "2", "-v", "family.toml",
+                     "--junitxml", str(junit), "--specwake-output", "out")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"\[gw0\] .*PASSED|\[gw0\] .*FAILED", proc.stdout) and "[gw1]" in proc.stdout, proc.stdout
+    assert "1 failed, 2 passed" in proc.stdout
+    assert len(engine.launched()) == 3  # one server per variant: once, not once per worker
+    [run] = (tmp_path / "out").iterdir()
+    assert_each_item_has_its_variants_time(junit, run)  # the worker that read the run reports the same times
+    assert_the_failure_is_headed_by_its_item(proc.stdout)
+    assert list((tmp_path / "cache").glob("pytest-xdist/*")) == []  # the workers' shared folder is gone
+
+
+def test_under_xdist_each_a_scenario_still_runs_once(engine: FakeEngine, tmp_path: Path) -> None:
+    # `--dist each` runs every item on every worker: each worker reports the three items, from the one run.
+    three_variants(engine, tmp_path)
+    proc = pytest_in(tmp_path, tmp_path / "cache", "-p", "xdist", "-n", "2", "--dist", "each", "family.toml",
+                     "--specwake-output", "out")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "2 failed, 4 passed" in proc.stdout
+    assert len(engine.launched()) == 3
+    assert len(list((tmp_path / "out").iterdir())) == 1
+
+
+def test_x_stops_the_reports_not_the_scenario(engine: FakeEngine, tmp_path: Path) -> None:
+    # The first item runs the whole scenario; when it fails, -x leaves the other two items unreported.
+    diff = engine.write_fix(tmp_path)
+    expect = {"baseline": "collapse", "patched": "recover", "wrong": "recover"}
+    variants: dict[str, dict[str, str]] = {"wrong": {}, "baseline": {}, "patched": {}}
+    text = scenario_text(engine, name="fake-family", variants=variants, patch=str(diff), expect=expect)
+    (tmp_path / "family.toml").write_text(text)
+    proc = pytest_in(tmp_path, tmp_path / "cache", "-x", "-v", "family.toml", "--specwake-output", "out")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "stopping after 1 failures" in proc.stdout and "1 failed in" in proc.stdout
+    assert "::baseline" not in proc.stdout and "::patched" not in proc.stdout
+    assert len(engine.launched()) == 3
+    [run] = (tmp_path / "out").iterdir()
+    assert [v.outcome for v in load_result(run).variants] == ["collapse", "collapse", "recover"]
 
 
 def test_a_selection_runs_only_the_selected_variants(engine: FakeEngine, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """specwake's pytest plugin on real vLLM CPU, the way vLLM's nightly would call it: `pytest -v
-scenarios/cpu/draft-model.toml --junitxml FILE` (one cycle), stock vLLM against the reference fix. Each variant is an
-item with its verdict; pytest's own JUnit carries the figures. Skips only when vLLM is missing and
+scenarios/cpu/draft-model.toml --junitxml FILE` (one cycle), stock vLLM against the reference fix, here on two
+pytest-xdist workers (`-n 2`: one item each). Each variant is an item with its verdict; the scenario runs once; pytest's
+own JUnit carries the figures, and each item's time is its variant's. Skips only when vLLM is missing and
 SPECWAKE_REQUIRE_VLLM is unset.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from specwake.runfolder import load_result
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module
 
@@ -24,7 +26,8 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("plugin")
     junit = tmp / "junit.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "scenarios/cpu/draft-model.toml",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "xdist", "-n", "2", "-v",
+         "scenarios/cpu/draft-model.toml",
          "--junitxml", str(junit), "--specwake-output", str(tmp / "out"), "--specwake-cycles", "1"],
         cwd=REPO, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
     )  # fmt: skip
@@ -35,9 +38,17 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_stock_vllm_and_the_fix_pass_as_items(session: dict[str, Any]) -> None:
     proc = session["proc"]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "scenarios/cpu/draft-model.toml::baseline PASSED" in proc.stdout
-    assert "scenarios/cpu/draft-model.toml::patched PASSED" in proc.stdout
-    assert len(list(session["out"].iterdir())) == 1  # one run for both items
+    assert "PASSED scenarios/cpu/draft-model.toml::baseline" in proc.stdout
+    assert "PASSED scenarios/cpu/draft-model.toml::patched" in proc.stdout
+    assert "[gw0]" in proc.stdout and "[gw1]" in proc.stdout  # an item on each worker
+    [run] = session["out"].iterdir()  # one run for both items
+    assert sorted(v.name for v in load_result(run).variants) == ["baseline", "patched"]
+
+
+def test_each_items_time_is_its_variants(session: dict[str, Any]) -> None:
+    [run] = session["out"].iterdir()
+    for variant in load_result(run).variants:
+        assert abs(float(session["cases"][variant.name].get("time")) - variant.seconds) < 0.01
 
 
 def test_pytests_junit_carries_the_figures(session: dict[str, Any]) -> None:
