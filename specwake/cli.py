@@ -29,7 +29,10 @@ from specwake.prepare.models import BUILTIN_MODELS, cache_dir, ensure_builtin_mo
 from specwake.prepare.scenario import Overrides
 from specwake.report import render_csv, render_json, render_markdown
 from specwake.report.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, parse_pair, render_comparison_markdown
+from specwake.report.nights import build_trend, render_trend_markdown
 from specwake.report.plot import render_plot
+from specwake.report.trend_plot import render_trend_chart
+from specwake.run.leftovers import GRACE_S, describe, find_leftovers, registry_dir, stop_leftover
 from specwake.run.schedule import parse_gpu_list
 from specwake.run.session import RunInterrupted, RunRequest, check_all, execute
 from specwake.run.shards import choose_shard, merge_shards
@@ -108,6 +111,14 @@ def run(
             help="Run every job here, whatever BUILDKITE_PARALLEL_JOB says (a canary inside a `parallelism` step).",
         ),
     ] = False,
+    stop_leftovers: Annotated[
+        bool,
+        typer.Option(
+            "--stop-leftovers",
+            help="First stop the servers that specwake runs which died left running (see `specwake leftovers`); "
+            "by default they are only named.",
+        ),
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
     """Run scenarios: baseline and patched servers, L2 cycles, AL and tok/s before and after, verdict."""
@@ -130,6 +141,7 @@ def run(
             junit=junit,
             resume=resume,
             shard=choose_shard(shard, no_shard, os.environ),
+            stop_leftovers=stop_leftovers,
         )
     except SpecwakeError as exc:
         _fail(ui, exc)
@@ -163,6 +175,9 @@ def run(
 @app.command()
 def check(
     scenarios: Annotated[list[Path], typer.Argument(help="Scenario TOML files.", show_default=False)],
+    cycles: Annotated[
+        int | None, typer.Option(min=1, help="Sleep/wake cycles per variant (overrides cycle.count).")
+    ] = None,
     tp: Annotated[int | None, typer.Option(min=1, help="Tensor parallel size (overrides the files).")] = None,
     variant: Annotated[list[str] | None, typer.Option("--variant", help="Check only this variant.")] = None,
     patch: Annotated[Path | None, typer.Option(help="Diff for the `patched` variant.")] = None,
@@ -180,6 +195,12 @@ def check(
     ] = False,
     interleave: Annotated[bool, typer.Option(help="Plan as `run --interleave` would run (CPU).")] = False,
     sequential: Annotated[bool, typer.Option(help="Plan as `run --sequential` would run (CPU).")] = False,
+    tensors: Annotated[
+        bool,
+        typer.Option(
+            "--tensors", help="Also list every checkpoint tensor name push_scale and push_skip may use, per model."
+        ),
+    ] = False,
 ) -> None:
     """Validate scenarios with each variant's own vLLM and show exactly what `run` would start and measure (argv,
     env, GPUs or CPU cores, the run mode, where models load from); launches no server."""
@@ -187,11 +208,14 @@ def check(
     if patch is not None and what_it_is(patch) is not None:
         ui.error(f"--patch: file {what_it_is(patch)}: {patch}")
         raise typer.Exit(EXIT_INPUT)
-    overrides = Overrides(tp=tp, variants=tuple(variant or ()), patch=patch)
+    if interleave and sequential:  # as run refuses it
+        ui.error("--interleave, --sequential: choose one run mode")
+        raise typer.Exit(EXIT_INPUT)
+    overrides = Overrides(cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch)
     try:
         outcome = check_all(
             scenarios, overrides, cache_dir(), ui.event, gpus=_gpus(gpus), online=online, sequential=sequential,
-            interleave=interleave,
+            interleave=interleave, tensors=tensors,
         )  # fmt: skip
     except SpecwakeError as exc:
         _fail(ui, exc)
@@ -215,7 +239,10 @@ def report(
     every_run: Annotated[
         bool, typer.Option("--all", help="A results folder means every run in it, not only its latest run.")
     ] = False,
-    plot: Annotated[Path | None, typer.Option(help="Also draw AL and tok/s per stage into this PNG.")] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(help="Also draw AL, tok/s, TPOT per stage and RSS per cycle into this PNG (SVG: a .svg name)."),
+    ] = None,
 ) -> None:
     """Print earlier runs as one report (Markdown for a PR comment, or JSON / CSV).
 
@@ -283,6 +310,13 @@ def compare(
             "not counted). Runs of different scenario files are always compared; what differs is listed."
         ),
     ] = False,
+    chart: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also draw AL and tok/s per scenario × variant over every run compared (--history, OLD, NEW) into "
+            "this PNG (SVG: a .svg name)."
+        ),
+    ] = None,
 ) -> None:
     """Nightly trend: AL and tok/s per scenario × variant × stage, OLD vs NEW; exit 1 on a regression."""
     ui = Ui()
@@ -295,12 +329,17 @@ def compare(
             olds, news, history=earlier, pairs=pairs, max_al_drop=max_al_drop, max_toks_drop=max_toks_drop,
             force=force, count_emulated_speed=count_emulated_speed,
         )  # fmt: skip
+        trend = build_trend([*earlier, olds, news], renames=dict(pairs))
+        if chart is not None:
+            render_trend_chart(trend, chart)
     except SpecwakeError as exc:
         _fail(ui, exc)
     ui.note(f"old: {old}\nnew: {new}")
-    ui.report("\n".join(render_comparison_markdown(c) for c in comparisons))
+    ui.report("\n".join([*(render_comparison_markdown(c) for c in comparisons), render_trend_markdown(trend)]))
     if unmatched:
         ui.note(f"only on one side: {', '.join(unmatched)}")
+    if chart is not None:
+        ui.note(f"chart: {chart}")
     raise typer.Exit(EXIT_FAIL if any(c.counted_regressions for c in comparisons) else 0)
 
 
@@ -333,7 +372,7 @@ def bisect(
     output: Annotated[Path, typer.Option(help="Results folder; the bisect gets a new sub-folder.")] = Path("results"),
 ) -> None:
     """Find the vLLM commit that changed a variant's outcome (broke or fixed it): each step overlays the commit's
-    Python diff from BASE onto the installed vLLM and runs the variant; no rebuild. Exit 0 found, 1 no change in
+    diff of vllm/ from BASE onto the installed vLLM and runs the variant; no rebuild. Exit 0 found, 1 no change in
     the range, 2 bad input, 3 only skipped commits remain."""
     from specwake.run.bisect import BisectRequest, render, run_bisect
 
@@ -352,6 +391,37 @@ def bisect(
         signal.signal(signal.SIGTERM, previous)
     ui.report(render(outcome), plain=True)
     raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def leftovers(
+    stop: Annotated[
+        bool, typer.Option("--stop", help=f"Stop them: SIGTERM to each server's group, SIGKILL after {GRACE_S:g} s.")
+    ] = False,
+) -> None:
+    """Servers that specwake runs left running when they died outright (SIGKILL, the OOM killer) together with the
+    watchdog that would have stopped them: list them, and with --stop end them. Exit 3 if one survives --stop."""
+    ui = Ui()
+    registry = registry_dir(cache_dir())
+    found = find_leftovers(registry)
+    if not found:
+        ui.note(f"no leftover servers (records: {registry})")
+        return
+    rows = [
+        (str(f.record.pgid), str(len(f.members)), str(f.record.port), f.record.started_at, f.record.log) for f in found
+    ]
+    ui.table(("group", "processes", "port", "started", "log"), rows)
+    if not stop:
+        ui.note(f"{len(found)} leftover server(s); `specwake leftovers --stop` stops them")
+        return
+    survived = 0
+    for leftover in found:
+        survivors = stop_leftover(leftover)
+        survived += bool(survivors)
+        ui.note(f"stopped {describe(leftover)}" if not survivors else f"{describe(leftover)}: {survivors} survived")
+    if survived:
+        ui.error(f"{survived} leftover server(s) survived SIGKILL")
+        raise typer.Exit(EXIT_INFRA)
 
 
 @models_app.command("list")

@@ -12,7 +12,7 @@ SpecwakeError                      (base, never raised directly)
 ├── ServerFault                    a running server failed us (becomes a `crash` outcome)
 │   ├── RequestFailed              a request or cycle step answered non-2xx or broke the connection
 │   │   └── InputRejected          the server refused the scenario's own input (HTTP 4xx on a request, a
-│   │                              push_scale name that matches nothing): outcome `error`, never a crash of vLLM
+│   │                              push_scale / push_skip entry that matches nothing): `error`, not vLLM's crash
 │   └── RequestTimeout             a request or cycle step did not answer before its deadline
 └── Interrupted           exit 130 SIGINT / SIGTERM reached specwake
 """

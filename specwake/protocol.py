@@ -9,8 +9,11 @@ follow from it.
 
 from __future__ import annotations
 
+import fnmatch
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 # -- worker methods (specwake.worker.extension), and vLLM's own reload ------------------------------------------------
@@ -112,23 +115,104 @@ PUSH_VIA = "push"  # specwake's worker extension loads the tensors (specwake_pus
 SYNC_VIA = "weight_transfer"  # vLLM's weight-transfer API, one session per model
 
 
+def split_entry(entry: str) -> tuple[str | None, str]:
+    """A push_scale or push_skip entry → (the model it is limited to, or None for every model; its name or glob
+    pattern): `draft:model.norm.weight` → ("draft", "model.norm.weight")."""
+    role, sep, pattern = entry.partition(":")
+    return (role, pattern) if sep and role in ROLES else (None, entry)
+
+
+def entry_matches(entry: str, role: str, name: str) -> bool:
+    """Whether an entry picks tensor `name` of `role`'s push or sync (a glob: `*`, `?`, `[…]`; case counts)."""
+    limited, pattern = split_entry(entry)
+    return limited in (None, role) and fnmatch.fnmatchcase(name, pattern)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """What a push or sync does to one model's checkpoint tensors on the way: the names it leaves out, and the
+    factor of each name it scales (names as vLLM's loader gives them to the model)."""
+
+    skip: tuple[str, ...] = ()
+    scale: dict[str, float] = field(default_factory=dict)
+
+    @cached_property
+    def left_out(self) -> frozenset[str]:
+        return frozenset(self.skip)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"skip": list(self.skip), "scale": dict(self.scale)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Chosen:
+        data = data if isinstance(data, dict) else {}
+        return cls(tuple(data.get("skip") or ()), {str(k): float(v) for k, v in (data.get("scale") or {}).items()})
+
+
+def choose(
+    names: Mapping[str, Sequence[str]], scale: Mapping[str, float], skip: Iterable[str]
+) -> tuple[dict[str, Chosen], list[str]]:
+    """Each model's `Chosen`, from the checkpoint names its push or sync sends (`names`, by role) and the variant's
+    push_scale and push_skip entries; and the entries that picked no tensor sent (a scale entry picking only names
+    left out included). A name several scale entries pick is scaled by each."""
+    skip = tuple(skip)
+    picked: set[str] = set()
+    chosen = {}
+    for role, sent in names.items():
+        left_out: list[str] = []
+        factors: dict[str, float] = {}
+        for name in sent:
+            skips = [e for e in skip if entry_matches(e, role, name)]
+            if skips:
+                picked.update(skips)
+                left_out.append(name)
+                continue
+            for entry, factor in scale.items():
+                if entry_matches(entry, role, name):
+                    picked.add(entry)
+                    factors[name] = factors.get(name, 1.0) * factor
+        chosen[role] = Chosen(tuple(left_out), factors)
+    unmatched = [e for e in (*scale, *skip) if e not in picked]
+    return chosen, unmatched
+
+
 @dataclass(frozen=True)
 class PushRequest:
-    """New weights after the wake, as RL trainers send them: which models get their checkpoint's tensors, tensor
-    name → factor to scale on the way, and how they travel (`via`: specwake's push, or vLLM's weight-transfer API)."""
+    """New weights after the wake, as RL trainers send them: which models get their checkpoint's tensors, the
+    variant's push_scale (entry → factor) and push_skip entries, and how they travel (`via`: specwake's push, or
+    vLLM's weight-transfer API). `chosen`: what those entries pick of each model's tensors, once resolved against
+    the names the server's loader reads (specwake.run.variant_run does, before the first cycle)."""
 
     to: tuple[str, ...] = ("target",)
     scale: dict[str, float] = field(default_factory=dict)
     via: str = PUSH_VIA
+    skip: tuple[str, ...] = ()
+    chosen: dict[str, Chosen] = field(default_factory=dict)
+
+    @property
+    def changes(self) -> bool:
+        """Whether it scales or leaves out anything: a perturbed or partial push or sync."""
+        return bool(self.scale or self.skip)
 
     def to_json(self) -> str:
         """As /collective_rpc carries it (a string argument)."""
-        return json.dumps({"to": list(self.to), "scale": dict(self.scale)}, sort_keys=True)
+        data: dict[str, Any] = {"to": list(self.to), "scale": dict(self.scale)}
+        if self.skip:
+            data["skip"] = list(self.skip)
+        if self.chosen:
+            data["chosen"] = {role: c.to_dict() for role, c in self.chosen.items()}
+        return json.dumps(data, sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
-        """For result files; `via` only for a sync (results of a push read as they always did)."""
+        """For result files; `via` only for a sync, `skip` only when set (results of a plain push read as they always
+        did). Once resolved, `scaled` and `skipped` count per model the tensors scaled and left out."""
         data: dict[str, Any] = {"to": list(self.to), "scale": dict(self.scale)}
-        return data | ({"via": self.via} if self.via != PUSH_VIA else {})
+        data |= {"via": self.via} if self.via != PUSH_VIA else {}
+        data |= {"skip": list(self.skip)} if self.skip else {}
+        if self.chosen and self.changes:
+            data["scaled"] = {role: len(c.scale) for role, c in self.chosen.items()}
+            data["skipped"] = {role: len(c.skip) for role, c in self.chosen.items()}
+        return data
 
     @property
     def syncs(self) -> bool:
@@ -138,7 +222,8 @@ class PushRequest:
     def from_dict(cls, data: Any) -> PushRequest:
         data = data if isinstance(data, dict) else {}
         to, scale = tuple(data.get("to") or ("target",)), dict(data.get("scale") or {})
-        return cls(to, scale, str(data.get("via") or PUSH_VIA))
+        chosen = {str(role): Chosen.from_dict(c) for role, c in (data.get("chosen") or {}).items()}
+        return cls(to, scale, str(data.get("via") or PUSH_VIA), tuple(data.get("skip") or ()), chosen)
 
     @classmethod
     def from_json(cls, text: str) -> PushRequest:
@@ -147,11 +232,12 @@ class PushRequest:
 
 @dataclass(frozen=True)
 class PushAnswer:
-    """What each worker pushed, the names it scaled, and `scale` names no pushed tensor matched."""
+    """What each worker pushed, the names it scaled and left out, and the chosen names no pushed tensor had."""
 
     pushed: dict[str, str] = field(default_factory=dict)
     scaled: list[str] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Any) -> PushAnswer:
@@ -167,17 +253,32 @@ class TransferChunk:
     file: str
     names: tuple[str, ...]
     prefix: str = ""  # put before each name, as vLLM's loader does for a model's `secondary_weights`
+    scale: tuple[tuple[str, float], ...] = ()  # names of the chunk (as in the file) to scale, and by what
+
+    @property
+    def loaded_names(self) -> list[str]:
+        """The names as the model's load_weights receives them (prefixed)."""
+        return [self.prefix + n for n in self.names]
+
+    def narrowed(self, chosen: Chosen) -> TransferChunk | None:
+        """The chunk as a perturbed or partial sync sends it: names left out, factors attached (None: nothing left)."""
+        names = tuple(n for n in self.names if self.prefix + n not in chosen.left_out)
+        scale = tuple((n, chosen.scale[self.prefix + n]) for n in names if self.prefix + n in chosen.scale)
+        return TransferChunk(self.role, self.file, names, self.prefix, scale) if names else None
 
     def update_info(self) -> dict[str, Any]:
-        """The body's `update_info`, as the engine parses it (`prefix` only where there is one)."""
-        return {"file": self.file, "names": list(self.names)} | ({"prefix": self.prefix} if self.prefix else {})
+        """The body's `update_info`, as the engine parses it (`prefix` and `scale` only where there are some)."""
+        info: dict[str, Any] = {"file": self.file, "names": list(self.names)}
+        info |= {"prefix": self.prefix} if self.prefix else {}
+        return info | ({"scale": dict(self.scale)} if self.scale else {})
 
     def to_dict(self) -> dict[str, Any]:
         return {"role": self.role} | self.update_info()
 
     @classmethod
     def from_dict(cls, data: Any) -> TransferChunk:
-        return cls(str(data["role"]), str(data["file"]), tuple(data["names"]), str(data.get("prefix", "")))
+        scale = tuple((str(k), float(v)) for k, v in (data.get("scale") or {}).items())
+        return cls(str(data["role"]), str(data["file"]), tuple(data["names"]), str(data.get("prefix", "")), scale)
 
 
 @dataclass(frozen=True)
@@ -239,6 +340,7 @@ class Fingerprint:
     host_side: int = 0
     packed: int = 0
     packed_discarded: int = 0
+    unpacked: int = 0  # packed CPU copies read back and compared in place of (or beside) their parameter's values
     abs_sum: float = 0.0
     compared: int | None = None
     differ: int | None = None

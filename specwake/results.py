@@ -109,6 +109,12 @@ class VariantResult:
     push: dict[str, Any] | None = None  # {"to": [...], "scale": {...}} when cycles push weights instead of reloading
 
     @property
+    def not_run(self) -> bool:
+        """Unfinished with nothing recorded: no stage, no cycle step, no failure. A partial result lists every
+        variant its run planned, so one the run never got to (killed or interrupted first) is named, as not run."""
+        return self.outcome == INCOMPLETE and not self.stages and not self.steps and self.crash_class is None
+
+    @property
     def stages_by_cycle(self) -> list[StageResult]:
         return sorted(self.stages, key=lambda s: s.cycle)
 

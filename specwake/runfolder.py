@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specwake.errors import InputError, ResultsUnwritable
@@ -134,6 +134,23 @@ def load_result(path: Path) -> ScenarioResult:
         raise InputError(f"{file}: not a specwake result: {exc}") from exc
 
 
+def run_id(file: Path) -> str | None:
+    """The name of the run folder a result.json lies in: its own folder, or the run folder above a scenario's
+    sub-folder (a run of several scenarios); None outside run folders."""
+    folder = file.absolute().parent
+    return next((f.name for f in (folder, folder.parent) if RUN_NAME.match(f.name)), None)
+
+
+def load_found(file: Path) -> ScenarioResult:
+    """load_result, with the run folder it was found in as `scenario.run` (what `report` and `compare` show to tell
+    runs apart; never written back)."""
+    result = load_result(file)
+    run = run_id(file)
+    if run is None or "run" in result.scenario:
+        return result
+    return replace(result, scenario={**result.scenario, "run": run})
+
+
 def scenario_results(run_dir: Path) -> list[Path]:
     """The result.json files of a run folder: its own, or one per scenario sub-folder (in name order). Sub-folders
     named like runs are runs of a results folder, not scenarios of one run."""
@@ -168,23 +185,24 @@ class Loaded:
 
 def load_results(path: Path, *, every_run: bool = False) -> Loaded:
     """Results behind a path: a result.json, a run folder (one or many scenarios), or a results folder — its
-    latest run, or with `every_run` all of its runs, oldest first. InputError naming the path otherwise."""
+    latest run, or with `every_run` all of its runs, oldest first; each with its run folder (load_found). InputError
+    naming the path otherwise."""
     path = Path(path)
     if path.is_file():
-        return Loaded([load_result(path)])
+        return Loaded([load_found(path)])
     if not path.is_dir():
         problem = what_it_is(path)
         raise InputError(f"{path}: {'no such file or folder' if problem == 'not found' else problem}")
     own = scenario_results(path)
     if own:
-        return Loaded([load_result(p) for p in own])
+        return Loaded([load_found(p) for p in own])
     runs = runs_in(path)
     if not runs:
         raise InputError(f"{path}: no {RESULT_FILE} here, and no run folder (<yyyymmdd-hhmmss>-<name>) holding one")
     if every_run:
-        return Loaded([load_result(p) for run in runs for p in scenario_results(run)])
+        return Loaded([load_found(p) for run in runs for p in scenario_results(run)])
     latest = runs[-1]
-    return Loaded([load_result(p) for p in scenario_results(latest)], picked=latest)
+    return Loaded([load_found(p) for p in scenario_results(latest)], picked=latest)
 
 
 def load_many(paths: Sequence[Path], *, every_run: bool = False, note: Callable[[str], None]) -> list[ScenarioResult]:

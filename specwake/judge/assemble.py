@@ -21,6 +21,7 @@ from specwake.judge.verdict import (
     findings,
     judges_drafter,
     outcome_matches,
+    perturbed_models,
     sleep_ignored,
     speed_rule,
 )
@@ -28,7 +29,7 @@ from specwake.judge.weights import restored
 from specwake.prepare.plan import redact_env
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant
-from specwake.protocol import PUSH_VIA, SYNC_VIA, PushRequest
+from specwake.protocol import PUSH_VIA, SYNC_VIA, Chosen, PushRequest
 from specwake.results import INCOMPLETE, ScenarioResult, StageResult, StepResult, VariantResult
 
 
@@ -54,6 +55,7 @@ class VariantRecord:
     timings: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     complete: bool = False  # every phase ran, or a failure ended it early
+    chosen: dict[str, Chosen] = field(default_factory=dict)  # what push_scale / push_skip picked, per model
 
 
 def push_of(scenario: Scenario, prep: PreparedVariant) -> PushRequest | None:
@@ -62,13 +64,15 @@ def push_of(scenario: Scenario, prep: PreparedVariant) -> PushRequest | None:
     if reload == "reload_weights":
         return None
     via = SYNC_VIA if reload == "weight_transfer" else PUSH_VIA
-    return PushRequest(prep.variant.push_to, dict(prep.variant.push_scale), via)
+    return PushRequest(prep.variant.push_to, dict(prep.variant.push_scale), via, prep.variant.push_skip)
 
 
 def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantRecord) -> VariantResult:
     """The variant's result: outcome `incomplete` while phases remain (partial result files), else decided."""
     variant, engine = prep.variant, prep.engine
     push = push_of(scenario, prep)
+    if push is not None and record.chosen:
+        push = replace(push, chosen=record.chosen)
     pushed = push.to_dict() if push is not None else None
     outcome = INCOMPLETE
     if record.complete:
@@ -80,7 +84,7 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
             draft_restored=restored(record.diagnostics, "draft") if judges_drafter(pushed) else None,
             speed=speed_rule(scenario.min_speedup_recovery, prep.l2_discard),
             speculative=variant.speculative,
-            perturbed=push is not None and bool(push.scale),
+            perturbed=perturbed_models(pushed),
             sleep_ignored=sleep_ignored(variant.level, prep.l2_discard, push is not None),
         )
     workers = record.info.get("workers") or []

@@ -31,7 +31,7 @@ MEANINGS: dict[str, str] = {
     PORT_CONFLICT: "a foreign server answered on the port picked for ours; nothing was measured",
     OVERLAY_NOT_USED: "a worker imported vLLM from somewhere other than the variant's own (overlay or install)",
     INPUT_REJECTED: "the scenario's own input was refused (HTTP 4xx, e.g. a prompt longer than max_model_len, or a"
-    " push_scale name that matches no tensor): a problem of the scenario, not a crash of vLLM",
+    " push_scale or push_skip entry that matches no tensor): a problem of the scenario, not a crash of vLLM",
     CUDA_ILLEGAL_MEMORY_ACCESS: "CUDA illegal memory access",
     CUDA_DEVICE_ASSERT: "a CUDA kernel's device-side assertion failed (e.g. an index out of bounds)",
     CUDA_OOM: "CUDA out of memory",

@@ -15,6 +15,7 @@ from specwake.judge.crashes import ERROR_CLASSES
 from specwake.judge.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, DEFAULT_TOLERANCE, EXPECTATIONS, Limits
 from specwake.judge.speed import SpeedCall, speed_call
 from specwake.judge.weights import moved
+from specwake.protocol import ROLES
 from specwake.results import MIB, ScenarioResult, StageResult, VariantResult
 
 OUTCOMES = ("recover", "collapse", "corrupt", "crash", "degraded", "error", "floor", "untested")
@@ -22,6 +23,7 @@ OUTCOMES = ("recover", "collapse", "corrupt", "crash", "degraded", "error", "flo
 NOT_TESTED = ("error", "untested")
 VERDICTS = ("pass", "fail", "error")
 _REL_EPS = 1e-9  # AL thresholds are compared with this relative slack against float noise
+DRAFT_ONLY = frozenset({"draft"})  # a push or sync that scaled the drafter's tensors alone (perturbed_models)
 SLEEP_IGNORED = "vLLM ignores sleep on CPU (its CPU worker logs 'sleep mode is not supported on CPU, ignore it')"
 
 
@@ -121,7 +123,9 @@ class Facts:
     speed: SpeedRule | None = None
     collapse_al: float = COLLAPSE_AL
     speculative: bool = True
-    perturbed: bool = False  # a push that scales tensors on purpose: the output must change
+    # the models a push or sync scaled tensors of on purpose (perturbed_models): the target's output must change;
+    # a drafter perturbed alone must differ from fresh while the target stays as fresh
+    perturbed: frozenset[str] = frozenset()
     sleep_ignored: bool = False  # the engine ignored the sleep and nothing emulated it (see sleep_ignored)
 
     @property
@@ -164,15 +168,17 @@ RULES: tuple[Rule, ...] = (
     Rule("crash", "a server or a step failed after the fresh stage was measured", lambda f: f.failure is not None),
     Rule(
         "degraded",
-        "a perturbed push left the completions as they were, but for near-ties: the new weights did not arrive",
-        lambda f: f.perturbed and diverged(f.stages) is None,
+        "a push or sync that scaled the target's tensors left the completions as they were, but for near-ties: the"
+        " new weights did not reach the target",
+        lambda f: "target" in f.perturbed and diverged(f.stages) is None,
     ),
     Rule(
         "corrupt",
         "a post-cycle completion differs from fresh beyond a near-tie (where the tokens part, each side's token among"
-        " the other's top logprobs), or the target's weights differ from fresh after a reload, push or sync (not for a"
-        " perturbed push, which changes them on purpose)",
-        lambda f: not f.perturbed and (diverged(f.stages) is not None or f.target_restored is False),
+        " the other's top logprobs), or the target's weights differ from fresh after a reload, push or sync (not when"
+        " it scaled the target's tensors, which changes them on purpose; scaling the drafter's alone must change"
+        " neither)",
+        lambda f: "target" not in f.perturbed and (diverged(f.stages) is not None or f.target_restored is False),
     ),
     Rule("floor", "the variant runs without speculation", lambda f: not f.speculative),
     Rule(
@@ -187,8 +193,15 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "degraded",
-        "the drafter's weights differ from fresh after a reload from its checkpoint, whatever AL says",
+        "the drafter's weights differ from fresh after a reload, push or sync from its checkpoint (a partial one, or"
+        " one that scaled the drafter's tensors alone, included), whatever AL says",
         lambda f: f.draft_restored is False,
+    ),
+    Rule(
+        "degraded",
+        "a push or sync that scaled the drafter's tensors alone left its weights as fresh: the new weights did not"
+        " reach the drafter",
+        lambda f: f.perturbed == DRAFT_ONLY and f.draft_restored is True,
     ),
     Rule(
         "recover",
@@ -209,7 +222,7 @@ def decide_outcome(
     speed: SpeedRule | None = None,
     collapse_al: float = COLLAPSE_AL,
     speculative: bool = True,
-    perturbed: bool = False,
+    perturbed: frozenset[str] = frozenset(),
     sleep_ignored: bool = False,
 ) -> str:
     """The outcome of one variant: the first rule of RULES that applies."""
@@ -248,12 +261,25 @@ def sleep_ignored(level: int, l2_discard: str, pushing: bool) -> bool:
     return level == 1 and l2_discard == "emulated" and not pushing
 
 
+def perturbed_models(push: dict[str, Any] | None) -> frozenset[str]:
+    """The models whose tensors a push or sync (a result's `push`) scaled on purpose: those it counted scaled
+    tensors for, or, in results that did not count them (push_scale resolved by no server), every model it went to."""
+    if not push or not push.get("scale"):
+        return frozenset()
+    counted = push.get("scaled")
+    if isinstance(counted, dict):
+        return frozenset(role for role, n in counted.items() if n)
+    return frozenset(push.get("to") or ["target"])
+
+
 def judges_drafter(push: dict[str, Any] | None) -> bool:
     """Whether the drafter must match its fresh checksums after the wake: after a reload from its checkpoint
-    (reload_weights, `push` None), or a push into it without scaling."""
+    (reload_weights, `push` None), or a push or sync into it, partial or perturbed, unless it scaled the target's
+    tensors too (then the drafter follows the target's new weights on purpose, and AL judges it). A drafter
+    perturbed alone is judged: it must differ from fresh, and does not recover."""
     if push is None:
         return True
-    return "draft" in (push.get("to") or []) and not push.get("scale")
+    return "draft" in (push.get("to") or []) and perturbed_models(push) != frozenset(ROLES)
 
 
 def findings(variant: VariantResult, limits: Limits) -> list[str]:

@@ -60,8 +60,10 @@ def _rank_text(part: Fingerprint) -> tuple[str, str]:
         notes.append(f"{part.on_meta} on meta")
     if part.shared_with_target:
         notes.append(f"{part.shared_with_target} shared with the target")
+    if part.unpacked:
+        notes.append(f"{part.unpacked} packed CPU weights read back and compared")
     if part.empty:
-        notes.append(f"{part.empty} empty parameters: weights the backend keeps packed")
+        notes.append(f"{part.empty} empty parameters not compared")
     return count, "; ".join(notes)
 
 

@@ -1,12 +1,14 @@
 """Where a model lives before any server starts: a local folder, the local Hugging Face cache, or (when asked)
 the Hub. Reads files only; never downloads weights. `config.json` tells which family a model belongs to.
-`confirm_on_hub` is `check --online`: a repository id the Hub does not have is bad input (exit 2).
+`confirm_on_hub` is `check --online`: a repository id the Hub does not have is bad input (exit 2); a model neither
+this machine nor the Hub can confirm is exit 3.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +44,14 @@ def hub_cache() -> Path:
     return base / "hub"
 
 
+# A Hub repository id as huggingface_hub validates one (utils/_validators.py, validate_repo_id): an optional namespace,
+# then a name of letters, digits, '-', '_', '.' — a name alone is a legacy model id such as `gpt2`, which the Hub
+# still serves.
+_REPO_ID = re.compile(r"(?:[\w.-]+/)?[\w.-]{1,96}", re.ASCII)
+
+
 def _looks_like_repo_id(ref: str) -> bool:
-    parts = ref.split("/")
-    return len(parts) == 2 and all(parts) and not ref.startswith((".", "/", "~"))
+    return bool(_REPO_ID.fullmatch(ref)) and not ref.startswith((".", "-")) and ".." not in ref and "--" not in ref
 
 
 def cached_snapshot(repo_id: str, cache: Path | None = None) -> Path | None:
@@ -107,7 +114,7 @@ def availability(model: str, *, online: bool = False, client: httpx.Client | Non
     own = client is None
     http = client or httpx.Client(timeout=HUB_TIMEOUT_S)
     try:
-        answer = http.get(url, headers=headers)
+        answer = http.get(url, headers=headers, follow_redirects=True)  # a legacy id redirects to its namespace
     except httpx.HTTPError as exc:
         return Availability(
             model, f"not found locally; the Hub did not answer ({type(exc).__name__}: {url})", "unknown"
@@ -138,13 +145,16 @@ def confirm_on_hub(
     file: str, refs: Sequence[tuple[str, str]], *, client: httpx.Client | None = None
 ) -> list[Availability]:
     """`check --online` for one scenario file: where each (key, model) in `refs` is. A model the Hub says it does not
-    have raises ScenarioError naming file and key (exit 2); a Hub that cannot say raises InfraError (exit 3)."""
+    have raises ScenarioError naming file and key (exit 2); one that neither this machine nor the Hub can confirm —
+    the Hub does not answer, or the reference is no repository id to ask it about — raises InfraError (exit 3), as a
+    Hub that cannot say: `--online` never ends "ok" on a model no server could load."""
     found = []
     for key, model in refs:
         where = availability(model, online=True, client=client)
         if where.found == "missing":
             raise ScenarioError(file, key, f"{model!r} {where.where}")
-        if where.found == "unknown" and _looks_like_repo_id(model):
-            raise InfraError(f"{file}: {key}: --online could not confirm {model!r}: {where.where}")
+        if where.found == "unknown":
+            why = where.where if _looks_like_repo_id(model) else "not found locally, and not a Hub repository id"
+            raise InfraError(f"{file}: {key}: --online could not confirm {model!r}: {why}")
         found.append(where)
     return found

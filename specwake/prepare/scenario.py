@@ -49,7 +49,8 @@ class Variant:
     speculative: bool = True
     level: int = 2  # the sleep level its cycles use
     push_to: tuple[str, ...] = ("target",)  # with [cycle] reload = "push"
-    push_scale: tuple[tuple[str, float], ...] = ()  # a perturbed push (see VariantSection)
+    push_scale: tuple[tuple[str, float], ...] = ()  # a perturbed push or sync (see VariantSection)
+    push_skip: tuple[str, ...] = ()  # a partial push or sync
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Scenario:
                 "level": v.level,
                 "push_to": list(v.push_to),
                 "push_scale": dict(v.push_scale),
+                "push_skip": list(v.push_skip),
             }
             for v in self.variants
         }
@@ -175,6 +177,8 @@ def _load_prompts(file: Path, spec: str | list[str]) -> tuple[str, ...]:
                 raise ScenarioError(str(file), key, f"{path}:{n}: invalid JSON ({exc.msg})") from None
             if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
                 raise ScenarioError(str(file), key, f'{path}:{n}: expected an object with a "prompt" string')
+            if not item["prompt"].strip():  # vLLM refuses an empty prompt (HTTP 400), as the list form refuses it here
+                raise ScenarioError(str(file), key, f'{path}:{n}: empty "prompt"')
             prompts.append(item["prompt"])
     else:
         prompts = [line for line in text.splitlines() if line.strip()]
@@ -298,6 +302,7 @@ def _resolve_variant(
                 level,
                 tuple(section.push_to or doc.cycle.push_to),
                 tuple(sorted(section.push_scale.items())),
+                tuple(section.push_skip),
             )  # fmt: skip
         )
     return resolved

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specwake.judge.expectations import EXPECTATIONS, Limits
+from specwake.protocol import ROLES, split_entry
 
 # A scenario or variant name names a folder: one path component, nothing that could climb out of --output.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -101,6 +102,12 @@ class ServerSection(_Strict):
     _env = field_validator("env", mode="before")(_env_values_are_strings)
 
 
+# The fewest tokens a request can ask for and still be drafted for: the prefill makes the first token, and only a
+# decode step after it verifies a draft (vLLM counts the draft's accepted tokens even past max_tokens,
+# v1/core/sched/scheduler.py update_from_output). With max_tokens 1 no draft is ever made: AL cannot be measured.
+MIN_MAX_TOKENS = 2
+
+
 class WorkloadSection(_Strict):
     prompts: str | list[str] = "builtin:mixed"
     max_tokens: int = Field(default=256, gt=0)
@@ -109,6 +116,16 @@ class WorkloadSection(_Strict):
     temperature: float = Field(default=0.0, ge=0)
     ignore_eos: bool = True
     request_timeout_s: float = Field(default=300, gt=0)
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _room_for_a_draft(cls, value: int) -> int:
+        if value < MIN_MAX_TOKENS:
+            raise ValueError(
+                f"must be at least {MIN_MAX_TOKENS}: the prefill makes the first token, so with {value} no decode step"
+                " verifies a draft and AL cannot be measured"
+            )
+        return value
 
 
 Level = Literal[1, 2]
@@ -119,6 +136,20 @@ _TARGET_ONLY: list[PushTarget] = ["target"]  # what most RL trainers push
 def _distinct(value: Any) -> Any:
     if isinstance(value, list) and (not value or len(set(value)) != len(value)):
         raise ValueError("must list one or more distinct values")
+    return value
+
+
+def _entries(value: Any) -> Any:
+    """push_scale keys and push_skip items: a checkpoint tensor name or glob, `target:` or `draft:` before it to
+    limit it to one model (a tensor name never holds a colon)."""
+    for entry in value:
+        role, sep, pattern = entry.rpartition(":")
+        if sep and role not in ROLES:
+            raise ValueError(f"{entry!r}: only target: or draft: may come before a tensor name")
+        if not pattern:
+            raise ValueError(f"{entry!r}: names no tensor")
+    if isinstance(value, list) and len(set(value)) != len(value):
+        raise ValueError("lists an entry twice")
     return value
 
 
@@ -158,14 +189,19 @@ class VariantSection(_Strict):
     # with [cycle] reload = "push" or "weight_transfer": the models this variant's push or sync reaches (default: the
     # cycle's push_to)
     push_to: list[PushTarget] | None = None
-    # A perturbed push: checkpoint tensor name → factor, applied to target and drafter alike. The output must then
-    # change while AL stays: proof that the drafter follows the new weights.
+    # A perturbed push or sync: checkpoint tensor name (or glob) → factor, in every model pushed or synced that is sent
+    # it; `draft:NAME` or `target:NAME` limits an entry to one model. Scaling the target's tensors must change the
+    # output; scaling the drafter's alone must not (the target verifies every token), and leaves a drafter unlike fresh.
     push_scale: dict[str, float] = Field(default_factory=dict)
+    # A partial push or sync: checkpoint tensor names (or globs) left out, with the same `draft:` / `target:` prefixes.
+    push_skip: list[str] = Field(default_factory=list)
 
     _args_list = field_validator("args", mode="before")(_args_is_list)
     _args_free = field_validator("args")(_no_reserved_flags)
     _env = field_validator("env", mode="before")(_env_values_are_strings)
     _push_to = field_validator("push_to")(_distinct)
+    _push_scale = field_validator("push_scale")(_entries)
+    _push_skip = field_validator("push_skip")(_entries)
 
 
 class ScenarioFile(_Strict):
@@ -251,16 +287,28 @@ class ScenarioFile(_Strict):
                     if self.speculative.get("method") in NO_DRAFT_MODEL:
                         method = self.speculative["method"]
                         raise ValueError(f"variants.{name}.push_to: 'draft' needs a drafter model ({method} has none)")
-                if reload == "weight_transfer" and section.push_scale:
-                    raise ValueError(f'variants.{name}.push_scale: only with cycle.reload = "push"')
+                _entries_reach(name, section, section.push_to or self.cycle.push_to, reload)
             return self
         if "push_to" in self.cycle.model_fields_set:
             raise ValueError('cycle.push_to: only with cycle.reload = "push" or "weight_transfer"')
         for name, section in self.variants.items():
-            for key, reloads in (("push_to", '"push" or "weight_transfer"'), ("push_scale", '"push"')):
+            for key in ("push_to", "push_scale", "push_skip"):
                 if key in section.model_fields_set:
-                    raise ValueError(f"variants.{name}.{key}: only with cycle.reload = {reloads}")
+                    raise ValueError(f'variants.{name}.{key}: only with cycle.reload = "push" or "weight_transfer"')
         return self
+
+
+def _entries_reach(name: str, section: VariantSection, to: list[PushTarget], reload: str) -> None:
+    """A `draft:` or `target:` entry must name a model the variant pushes or syncs."""
+    for key, entries in (("push_scale", list(section.push_scale)), ("push_skip", section.push_skip)):
+        for entry in entries:
+            role, _ = split_entry(entry)
+            if role is not None and role not in to:
+                verb = "syncs" if reload == "weight_transfer" else "pushes"
+                raise ValueError(
+                    f"variants.{name}.{key}: {entry!r} is for the {role} model, which this variant never {verb}"
+                    f" (push_to = {to})"
+                )
 
 
 # Keys users reach for that are spelled otherwise here (a misspelling is found by difflib; these are other words).

@@ -33,18 +33,16 @@ def request_for(
     scenario: Scenario, variant: Variant, model: str, draft_model: str | None = None, is_gpu: bool = False
 ) -> dict[str, Any]:
     """What the variant's vLLM is asked to check: the [speculative] table, the server arguments, every prompt the
-    run sends (the scenario's and specwake's prefix-cache probe) against max_model_len, and the push_scale names."""
-    draft = draft_model or scenario.speculative.get("model")
+    run sends (the scenario's and specwake's prefix-cache probe) against max_model_len. (push_scale and push_skip
+    names are checked against the checkpoints without vLLM: specwake.prepare.checkpoint.)"""
     return {
         "model": model,
         "speculative": speculative_config(scenario, draft_model) if variant.speculative else {},
         "args": list(scenario.server.args),
         "variant_args": list(variant.args),
         "serve_args": [*model_flags(scenario, is_gpu), *scenario.server.args, *variant.args],
-        "draft_model": draft if isinstance(draft, str) else None,
         "prompts": [*scenario.prompts, probe_prompt(scenario.cycle.count)],
         "max_model_len": scenario.server.max_model_len,
-        "push_scale": [name for name, _ in variant.push_scale],
         "syncs": scenario.cycle.reload == "weight_transfer",
         "draft_session": scenario.cycle.reload == "weight_transfer" and "draft" in variant.push_to,
     }
@@ -132,10 +130,6 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
     if answer.get("semantic_problem"):
         reason = f"vLLM {version}'s SpeculativeConfig refuses it: {answer['semantic_problem']}"
         raise ScenarioError(file, "speculative", reason)
-    unknown = answer.get("unknown_tensors") or []
-    if unknown:
-        reason = f"{', '.join(map(repr, unknown))} names no tensor of the checkpoint: nothing would be scaled"
-        raise ScenarioError(file, f"variants.{variant.name}.push_scale", reason)
 
 
 # A variant to check, its engine, and its model and drafter references as the server gets them.

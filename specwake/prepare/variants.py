@@ -16,6 +16,7 @@ from specwake.errors import PatchError, PlatformMismatch
 from specwake.events import Event, Events
 from specwake.judge.expectations import COLLAPSE_AL
 from specwake.judge.verdict import RULES, SLEEP_IGNORED, sleep_ignored, speed_rule
+from specwake.prepare.checkpoint import validate_entries
 from specwake.prepare.engine import EngineInfo, probe_engine, resolve_python
 from specwake.prepare.hub import Availability, local_config
 from specwake.prepare.models import is_builtin, resolve_model_ref
@@ -175,9 +176,11 @@ def prepare(
 def validate_run(
     scenarios: Sequence[Scenario], prepared: Sequence[Sequence[PreparedVariant]], cache: Path, events: Events
 ) -> None:
-    """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.prepare.validate)."""
+    """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.prepare.validate),
+    after its push_scale and push_skip names against the checkpoints (specwake.prepare.checkpoint)."""
     pairs = zip(scenarios, prepared, strict=True)
     checks = [(s, p.variant, p.engine, p.model, p.draft_model) for s, variants in pairs for p in variants]
+    validate_entries([(s, v, model, draft) for s, v, _, model, draft in checks], events)
     validate_variants(checks, cache, events)
 
 
@@ -274,6 +277,8 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
         pushed = f"; {verb} {' and '.join(prep.variant.push_to)}" if verb else ""
         if prep.variant.push_scale:
             pushed += ", scaling " + ", ".join(f"{n} ×{f:g}" for n, f in prep.variant.push_scale)
+        if prep.variant.push_skip:
+            pushed += ", leaving out " + ", ".join(prep.variant.push_skip)
         lines.append(
             f"    {prep.variant.name}: expect {prep.variant.expected}{pushed}; speed {rule.min_ratio:.2f}× fresh"
             f" — {rule.why}"

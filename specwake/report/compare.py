@@ -110,10 +110,25 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def settings_differences(old: ScenarioResult, new: ScenarioResult) -> list[Difference]:
-    """Resolved settings that differ between two runs, key by key (labels such as the name are not settings)."""
+    """Resolved settings that differ between two runs, key by key (labels such as the name are not settings). A
+    run's settings hold only the variants it ran (`--variant` selects them, Scenario.settings): the settings of a
+    variant one run did not run are no difference, and the variant is listed as only in one run instead."""
     a, b = (_flatten(r.scenario.get("settings") or {}) for r in (old, new))
-    keys = sorted(k for k in a.keys() | b.keys() if k.split(".")[0] not in IGNORED_KEYS)
+    one_sided = set(_variants_run(old)) ^ set(_variants_run(new))
+    keys = sorted(
+        k for k in a.keys() | b.keys() if k.split(".")[0] not in IGNORED_KEYS and not _of_variant(k, one_sided)
+    )
     return [Difference(k, a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k)]
+
+
+def _variants_run(result: ScenarioResult) -> list[str]:
+    variants = (result.scenario.get("settings") or {}).get("variants")
+    return list(variants) if isinstance(variants, dict) else []
+
+
+def _of_variant(key: str, names: set[str]) -> bool:
+    """Whether a flattened settings key is one variant's own: its [variants.NAME] settings or its expectation."""
+    return any(key == f"expect.{name}" or key.startswith(f"variants.{name}.") for name in names)
 
 
 def _changes_measurement(difference: Difference) -> bool:

@@ -5,21 +5,28 @@ the decisions specwake.judge.verdict makes. Decides nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from specwake.judge.crashes import ERROR_CLASSES
 from specwake.judge.expectations import COLLAPSE_AL
 from specwake.judge.verdict import (
+    DRAFT_ONLY,
     SLEEP_IGNORED,
     at_least,
     collapsed,
     diverged,
     fresh_stage,
     judges_drafter,
+    perturbed_models,
     post_stages,
     recovery_bound,
 )
-from specwake.judge.weights import Restore, weights_line, worst_restore
+from specwake.judge.weights import Restore, restored, weights_line, worst_restore
+from specwake.protocol import SYNC_VIA
 from specwake.results import INCOMPLETE, StageResult, VariantResult
+
+MODEL_WORDS = {"target": "target", "draft": "drafter"}
+NOT_RUN = "not run"  # a variant of a partial result that recorded nothing (VariantResult.not_run)
 
 
 def _al(value: float | None) -> str:
@@ -145,19 +152,23 @@ def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> st
             what += f": {reason}"
         measured = f"{_al_chain(stages)} before the crash" if stages else "no stage measured"
         return f"{what}; {measured}"
+    if variant.not_run:
+        return f"{NOT_RUN}: nothing recorded (the run stopped first, or has not got to it yet)"
     if variant.outcome == INCOMPLETE:
         return f"not finished; {_al_chain(stages)} so far" if stages else "no stage measured yet"
+    sent = sent_line(variant.push)
+    also = f"; {sent}" if sent else ""
     if variant.outcome == "collapse":
-        return f"{_al_chain(stages)} ({_why_collapse(stages, collapse_al)})"
+        return f"{_al_chain(stages)} ({_why_collapse(stages, collapse_al)}){also}"
     if variant.outcome == "floor":
         return "no speculation: the decode speed a collapsed drafter falls to"
     if variant.outcome == "corrupt":
-        return f"the target was not restored: {_why_corrupt(variant)}; {_al_chain(stages)}"
-    if (variant.push or {}).get("scale"):
-        if diverged(stages) is None:
-            return f"{_al_chain(stages)} (the perturbed push left the output unchanged: the new weights did not arrive)"
-        why = _why_measured(stages, tolerance, collapse_al)
-        return f"{_al_chain(stages)} ({why}; the output changed, as the perturbed push intends)"
+        return f"the target was not restored: {_why_corrupt(variant)}; {_al_chain(stages)}{also}"
+    perturbed = perturbed_models(variant.push)
+    if "target" in perturbed:
+        return _target_perturbed(variant, tolerance, collapse_al)
+    if perturbed == DRAFT_ONLY:
+        return _drafter_perturbed(variant, tolerance, collapse_al)
     why = _why_measured(stages, tolerance, collapse_al)
     unrestored = unrestored_drafter(variant)
     if unrestored is not None:
@@ -165,7 +176,76 @@ def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> st
             f"; but the drafter was not restored: {unrestored.text()} after {unrestored.what} in cycle"
             f" {unrestored.cycle}"
         )
-    return f"{_al_chain(stages)} ({why})"
+    return f"{_al_chain(stages)} ({why}{also})"
+
+
+def _counts(counted: Any) -> str:
+    """` (1 drafter tensor)`, ` (3 target and 3 drafter tensors)` from a result's per-model counts; "" without."""
+    if not isinstance(counted, dict):
+        return ""
+    parts = [f"{n} {MODEL_WORDS.get(role, role)}" for role, n in counted.items() if isinstance(n, int) and n]
+    total = sum(n for n in counted.values() if isinstance(n, int))
+    return f" ({' and '.join(parts)} tensor{'s' if total != 1 else ''})" if parts else ""
+
+
+def sent_line(push: dict[str, Any] | None) -> str | None:
+    """What a perturbed or partial push or sync did to the checkpoint's tensors: `the sync scaled
+    draft:model.norm.weight ×1.05 (1 drafter tensor)`, `the push left out draft:model.layers.1.* (9 drafter tensors)`;
+    None for a plain one."""
+    if not push or not (push.get("scale") or push.get("skip")):
+        return None
+    did = []
+    if push.get("scale"):
+        factors = ", ".join(f"{entry} ×{factor:g}" for entry, factor in push["scale"].items())
+        did.append(f"scaled {factors}{_counts(push.get('scaled'))}")
+    if push.get("skip"):
+        did.append(f"left out {', '.join(push['skip'])}{_counts(push.get('skipped'))}")
+    return f"the {_how(push)} {' and '.join(did)}"
+
+
+def _how(push: dict[str, Any] | None) -> str:
+    return "sync" if (push or {}).get("via") == SYNC_VIA else "push"
+
+
+def _target_perturbed(variant: VariantResult, tolerance: float, collapse_al: float) -> str:
+    """Why a push or sync that scaled the target's tensors got `recover` or `degraded`: its output must change."""
+    stages, sent = variant.stages, sent_line(variant.push)
+    if diverged(stages) is None:
+        target = restored(variant.diagnostics, "target")
+        if target is False:
+            why = (
+                "the target's checksums differ from fresh, but its completions do not: too small a change to show"
+                " that the server answers with the new weights"
+            )
+        else:
+            why = (
+                "but the target's completions are as fresh: the new weights did not reach the target (a tensor only"
+                " the drafter loads is limited to it as draft:NAME)"
+            )
+        return f"{_al_chain(stages)} ({sent}; {why})"
+    why = _why_measured(stages, tolerance, collapse_al)
+    unrestored = unrestored_drafter(variant)
+    if unrestored is not None:
+        why += f"; but the drafter was not restored: {unrestored.text()} after {unrestored.what} in cycle"
+        why += f" {unrestored.cycle}"
+    return f"{_al_chain(stages)} ({why}; {sent}; the output changed, as the perturbed {_how(variant.push)} intends)"
+
+
+def _drafter_perturbed(variant: VariantResult, tolerance: float, collapse_al: float) -> str:
+    """Why a push or sync that scaled the drafter's tensors alone got `recover` or `degraded`: the target verifies
+    every token, so the output cannot change; the drafter must differ from fresh, and AL shows what it costs."""
+    stages, sent = variant.stages, sent_line(variant.push)
+    lossless = "the completions are as fresh, as speculative decoding guarantees (the target verifies every token)"
+    worst = worst_restore(variant.diagnostics, "draft")
+    if worst is not None:
+        differs = f"the drafter's weights differ from fresh ({worst.text()} after {worst.what} in cycle {worst.cycle})"
+        why = f"{differs}, as intended: a drafter unlike its checkpoint is no recovery, whatever AL says"
+    elif restored(variant.diagnostics, "draft"):
+        why = "but the drafter's weights are as fresh after it: the new weights did not reach the drafter"
+    else:
+        measured = _why_measured(stages, tolerance, collapse_al)
+        why = f"the drafter's weights were not compared, so AL alone judged it: {measured}"
+    return f"{_al_chain(stages)} ({sent}: {why}; {lossless})"
 
 
 def unrestored_drafter(variant: VariantResult) -> Restore | None:

@@ -93,9 +93,12 @@ def _problem(variant: VariantResult, tolerance: float) -> ET.Element | None:
     if passed(variant):
         return None
     if variant.outcome == INCOMPLETE:  # the run was interrupted (or is still going) before this variant finished
-        element = ET.Element("skipped", type="incomplete")
+        element = ET.Element("skipped", type="not_run" if variant.not_run else "incomplete")
         measured = f"; {len(variant.stages)} stage(s) measured before it stopped" if variant.stages else ""
-        element.set("message", f"not run to the end: the run was interrupted{measured}")
+        if variant.not_run:
+            element.set("message", "not run: nothing recorded before the run was interrupted")
+        else:
+            element.set("message", f"not run to the end: the run was interrupted{measured}")
         element.text = _body(variant, tolerance, with_log=False)
         return element
     if variant.outcome in (*NOT_TESTED, "crash"):

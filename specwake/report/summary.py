@@ -18,7 +18,7 @@ from specwake.judge.verdict import (
 from specwake.judge.weights import ROLES
 from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
 from specwake.report.details import details
-from specwake.report.explain import explain, unrestored_drafter
+from specwake.report.explain import NOT_RUN, explain, unrestored_drafter
 from specwake.report.markdown import MISSING, cell, inline, num, ratio_cell, short_sha
 from specwake.report.rows import Row, after_samples, stage_rows
 from specwake.results import INCOMPLETE, ScenarioResult, StageResult, VariantResult
@@ -106,7 +106,8 @@ def _table(variants: Sequence[VariantResult]) -> list[str]:
     body = []
     for variant in variants:
         if not variant.stages:
-            body.append([cell(variant.name), "no stage measured", *[MISSING] * (len(TABLE_SPEC) - 2)])
+            nothing = NOT_RUN if variant.not_run else "no stage measured"
+            body.append([cell(variant.name), nothing, *[MISSING] * (len(TABLE_SPEC) - 2)])
         body += [_stage_cells(variant.name, r) for r in stage_rows(variant)]
     heads = [h for h, _, _ in TABLE_SPEC]
     aligns = [a for _, a, _ in TABLE_SPEC]
@@ -157,15 +158,14 @@ def _alone_text(variant: VariantResult) -> str:
 
 
 def _pushed(variant: VariantResult) -> str:
-    """What the variant's cycles pushed or synced instead of reloading (empty for a reload)."""
+    """What the variant's cycles pushed or synced instead of reloading (empty for a reload); what a perturbed or
+    partial one scaled or left out is the explanation's to say (explain.sent_line)."""
     if not variant.push:
         return ""
     to = " and ".join(variant.push.get("to", []))
-    scale = variant.push.get("scale") or {}
-    scaled = " scaled " + ", ".join(f"{n} ×{f:g}" for n, f in scale.items()) if scale else ""
     if variant.push.get("via") == "weight_transfer":
         return f" · synced {to} through vLLM's weight-transfer API"
-    return f" · pushed {to}{scaled}"
+    return f" · pushed {to}"
 
 
 def _patched_vs_baseline(variants: Sequence[VariantResult]) -> list[str]:
@@ -309,7 +309,7 @@ def _offenders(results: Sequence[ScenarioResult]) -> list[str]:
             elif v.outcome == "untested":
                 named.append(f"{r.name}/{v.name} untested (vLLM ignores sleep on CPU)")
             elif v.outcome == INCOMPLETE:
-                named.append(f"{r.name}/{v.name} unfinished")
+                named.append(f"{r.name}/{v.name} {NOT_RUN if v.not_run else 'unfinished'}")
             elif not v.matched and v.findings and outcome_matches(v.outcome, v.expected):
                 named.append(f"{r.name}/{v.name} {_headline(v.findings[0])}")
             elif not v.matched:
@@ -343,7 +343,8 @@ def _matrix_cell(variant: VariantResult | None) -> str:
     if variant is None:
         return MISSING
     if variant.outcome in (*NOT_TESTED, INCOMPLETE) or not variant.matched:
-        return f"{variant.outcome} {_mark(variant)} (expected {variant.expected})"
+        outcome = NOT_RUN if variant.not_run else variant.outcome
+        return f"{outcome} {_mark(variant)} (expected {variant.expected})"
     return f"{variant.outcome} {_mark(variant)}"
 
 

@@ -1,12 +1,17 @@
 """`specwake bisect`: which vLLM commit changed a variant's outcome, on one installed build, without a rebuild.
 
-Each step overlays `git diff BASE..C -- vllm/**.py` onto the installed vLLM (the same overlay a scenario's patch
-gets: prepare/overlay.py) and runs the scenario's chosen variant, one cycle unless told otherwise. BASE is the
-commit the installed build corresponds to: by default the commit a dev or nightly build names in its version
-(`0.33.1.dev12+g0123abcd`), else the tag of its version. A commit whose diff from BASE changes what the build is
-made from (`build_input`: csrc/, CMakeLists.txt, setup.py, non-Python files under vllm/, …) cannot be overlaid
-honestly, and one whose diff does not apply cannot be run: both are skipped, as `git bisect skip` would, with the
-reason. Tests, docs, CI files and the like change no installed file and are ignored, as vLLM's commits touch them.
+Each step overlays `git diff BASE..C -- vllm/` onto the installed vLLM (the same overlay a scenario's patch gets,
+prepare/overlay.py: any file under vllm/, Python or package data) and runs the scenario's chosen variant, one cycle
+unless told otherwise. BASE is the commit the installed build corresponds to: by default the commit a dev or nightly
+build names in its version (`0.33.1.dev12+g0123abcd`), else the tag of its version. A commit whose diff from BASE
+changes what the build compiles or generates (`build_input`: csrc/, CMakeLists.txt, setup.py, a .proto or C/CUDA
+source under vllm/, …) cannot be run on the installed build's compiled parts, and one whose diff does not apply
+cannot be run at all: both are skipped, as `git bisect skip` would, with the reason. Tests, docs, CI files and the
+like change no installed file and are ignored, as vLLM's commits touch them.
+
+Whether `--bad` must be skipped is seen in its diff alone, so it is decided before anything runs. A change to the
+build stays in every later commit's diff from BASE, so the search then ends at the last commit before the first one
+that changes the build (found by bisecting the diffs, no run), and says so; with none after `--good`, nothing runs.
 
 Good and bad are decided by outcome: a commit is good when its outcome is the `--good` commit's (measured first),
 or, with `--expect`, when it is that outcome. The search is a binary search over the first-parent-free list of
@@ -70,12 +75,17 @@ BUILD_FOLDERS = ("csrc/", "cmake/", "rust/")
 # Requirement lists for vLLM's own tests, docs, linters and benchmarks (requirements/test/cuda.txt, rocm-test.txt,
 # docs.txt, requirements-dev.txt of older trees): setup.py installs none of them.
 NOT_INSTALLED = frozenset({"test", "docs", "lint", "dev", "bench"})
+# Files under vllm/ that the build compiles or generates code from, or that it compiled: a .proto becomes _pb2
+# modules, C, C++ and CUDA sources and libraries are machine code. Every other file there — Python, tuned .json
+# configs, chat templates, static files — is installed as it is, and the overlay carries it as it carries a --patch.
+BUILT_UNDER_VLLM = (".proto", ".c", ".cc", ".cpp", ".cu", ".cuh", ".h", ".hpp", ".so")
 
 
 def build_input(path: str) -> bool:
-    """Whether a change to `path` (relative to vLLM's root) changes the installed build, so no overlay can carry it."""
+    """Whether a change to `path` (relative to vLLM's root) changes what the installed build was compiled or
+    generated from, which no overlay of installed files can stand in for."""
     if path.startswith("vllm/"):
-        return not path.endswith(".py")  # compiled, generated (.proto) or package data (.json configs)
+        return path.endswith(BUILT_UNDER_VLLM)
     if path in BUILD_FILES or path.startswith(BUILD_FOLDERS):
         return True
     if path.startswith("requirements/") or re.fullmatch(r"requirements[^/]*\.(txt|in)", path):
@@ -84,7 +94,7 @@ def build_input(path: str) -> bool:
 
 
 def foreign(paths: Sequence[str]) -> list[str]:
-    """The paths an overlay of vllm/**.py cannot carry (`build_input`), in their order."""
+    """The paths that change the build itself (`build_input`), in their order."""
     return [p for p in paths if build_input(p)]
 
 
@@ -139,7 +149,14 @@ def range_start(good: Ref, bad: Ref, merge_base: str | None) -> tuple[str, str]:
     )
 
 
-PYTHON_UNDER_VLLM = ":(glob)vllm/**/*.py"  # a git pathspec: `**/` matches no folder too
+UNDER_VLLM = "vllm/"  # the overlay's package, every file of it, as a --patch may change any
+PLAIN = ("--no-renames", "--no-color", "--no-ext-diff")  # whatever the developer's git config says
+
+
+def changes_the_build(built: Sequence[str]) -> str:
+    """Why a commit is skipped: the files of its diff from BASE that change the build (the first four)."""
+    shown = ", ".join(built[:4]) + (f" (+{len(built) - 4} more)" if len(built) > 4 else "")
+    return f"its diff from BASE changes the installed build: {shown}"
 
 
 def merge_base(repo: Path, a: str, b: str) -> str | None:
@@ -274,11 +291,10 @@ class Bisect:
     # ------------------------------------------------------------------ one step
 
     def step(self, commit: Commit) -> Step:
-        """Overlay the commit's Python diff from BASE, run the variant, judge the outcome (or skip)."""
+        """Overlay the commit's diff of vllm/ from BASE, run the variant, judge the outcome (or skip)."""
         built, diff = self.changes(commit)
         if built:
-            shown = ", ".join(built[:4]) + (f" (+{len(built) - 4} more)" if len(built) > 4 else "")
-            return self._skipped(commit, f"its diff from BASE changes the installed build: {shown}")
+            return self._skipped(commit, changes_the_build(built))
         folder = self.root / "steps" / commit.short
         patch: Path | None = None
         if diff.strip():
@@ -302,15 +318,32 @@ class Bisect:
         return step
 
     def changes(self, commit: Commit) -> tuple[list[str], str]:
-        """The commit's changes from BASE: the files among them that change the installed build (`foreign`), and the
-        diff of `vllm/**.py` the overlay applies. Renames count as a delete and an add, so both paths are judged."""
-        repo, plain = self.request.repo, ("--no-renames", "--no-color", "--no-ext-diff")
-        changed = git(repo, "diff", *plain, "--name-only", "-z", self.base, commit.sha).split("\0")
+        """The commit's changes from BASE: the files among them that change the installed build (`built`), and the
+        diff of vllm/ the overlay applies."""
         diff = git(
-            repo, "diff", *plain, "--binary", "--src-prefix=a/", "--dst-prefix=b/", self.base, commit.sha,
-            "--", PYTHON_UNDER_VLLM,
+            self.request.repo, "diff", *PLAIN, "--binary", "--src-prefix=a/", "--dst-prefix=b/", self.base,
+            commit.sha, "--", UNDER_VLLM,
         )  # fmt: skip
-        return foreign([p for p in changed if p]), diff
+        return self.built(commit), diff
+
+    def built(self, commit: Commit) -> list[str]:
+        """The files of the commit's changes from BASE that change the installed build (`foreign`): from `git diff`
+        alone, no run. Renames count as a delete and an add, so both paths are judged."""
+        changed = git(self.request.repo, "diff", *PLAIN, "--name-only", "-z", self.base, commit.sha).split("\0")
+        return foreign([p for p in changed if p])
+
+    def last_runnable(self, end: int) -> int:
+        """The index of the last commit before the first one, up to `end` (which changes the build), whose diff from
+        BASE changes nothing of the build; -1 when the first commit after good already does. A bisection of the
+        diffs: a change to the build stays in every later diff from BASE, unless a later commit reverts it."""
+        lo, hi = -1, end
+        while hi - lo > 1:
+            middle = (lo + hi) // 2
+            if self.built(self.commits[middle]):
+                hi = middle
+            else:
+                lo = middle
+        return lo
 
     def _skipped(self, commit: Commit, reason: str) -> Step:
         step = Step(commit, "skip", reason=reason)
@@ -335,10 +368,17 @@ def run_bisect(request: BisectRequest, events: Events) -> BisectOutcome:
     b = Bisect(request, events)
     say = events
     good_commit = b._commit(b.good)
-    n = len(b.commits)
-    bound = math.ceil(math.log2(n)) + 2 if n > 1 else 2
+    good = f"--good {request.good}" + (f" (merge base {b.good[:10]})" if b.good_note else "")
     if b.good_note:
         say(Event(b.good_note))
+    good_built = b.built(good_commit)
+    if good_built:
+        raise InputError(f"{good}: cannot be run ({changes_the_build(good_built)})")
+    end = _bad_end(b, request.bad, good)  # what the search takes as bad: --bad, or the last commit it can run
+    if isinstance(end, BisectOutcome):
+        return end
+    n = end + 1
+    bound = math.ceil(math.log2(n)) + 2 if n > 1 else 2
     say(Event(f"bisecting {n} commit(s) of {request.repo} on {b.scenario.name}/{b.variant}, base {b.base[:10]};"
               f" at most {bound} runs"))  # fmt: skip
     runs = 0
@@ -352,20 +392,26 @@ def run_bisect(request: BisectRequest, events: Events) -> BisectOutcome:
             say(Event(f"{label}: {commit.short} → {step.outcome} ({step.verdict}) in {step.seconds:.0f} s"))
         return step
 
-    good = f"--good {request.good}" + (f" (merge base {b.good[:10]})" if b.good_note else "")
     first = measure(good_commit, "good endpoint")
     if first.verdict == "skip":
         raise InputError(f"{good}: cannot be run ({first.reason})")
     if first.verdict == "bad":  # only with --expect: the good commit does not do what is expected of good ones
         return _stop(b, f"{good} gives {first.outcome}, not the expected {request.expect}: nothing to bisect")
-    last = measure(b.commits[-1], "bad endpoint")
+    cut = end < len(b.commits) - 1  # --bad changes the build: the search ends before the first commit that does
+    last = measure(b.commits[end], "last runnable commit" if cut else "bad endpoint")
+    if last.verdict == "good" and cut:
+        tail = b.commits[end + 1 :]
+        return _finish(b, BisectOutcome(b.root, b.steps, EXIT_INFRA, candidates=tail, message=(
+            f"{b.commits[end].short} gives {last.outcome} as {good} does: the change, if --bad {request.bad} has"
+            f" one, is one of {len(tail)} commit(s) that could not be run (skipped)"
+        )))  # fmt: skip
     if last.verdict == "good":
         return _stop(
             b, f"--bad {request.bad} gives {last.outcome} as {good} does: the range holds no change of outcome"
         )
     word = "first fixed" if first.outcome not in ("recover",) and last.outcome == "recover" else "first bad"
-    lo, hi = -1, n - 1  # commits[lo] (or good) is good; commits[hi] is bad or, if skipped, assumed bad
-    skipped: set[int] = {n - 1} if last.verdict == "skip" else set()
+    lo, hi = -1, end  # commits[lo] (or good) is good; commits[hi] is bad or, if skipped, assumed bad
+    skipped: set[int] = {end} if last.verdict == "skip" else set()
     while True:
         pending = [i for i in range(lo + 1, hi) if i not in skipped]
         if not pending:
@@ -398,6 +444,30 @@ def run_bisect(request: BisectRequest, events: Events) -> BisectOutcome:
     found = b.commits[hi]
     files = git(request.repo, "show", "--name-only", "--format=", found.sha, "--", "vllm/").split()
     return _finish(b, BisectOutcome(b.root, b.steps, EXIT_PASS, found=found, word=word, files=files))
+
+
+def _bad_end(b: Bisect, bad: str, good: str) -> int | BisectOutcome:
+    """The index of the commit the search takes as bad, decided from `git diff` alone before anything runs: --bad
+    itself, or, when its diff from BASE changes the build, the last commit before the first one that does (skipping
+    --bad, and saying so). With no such commit after good, the finished bisect (exit 3): nothing can be run."""
+    last = len(b.commits) - 1
+    built = b.built(b.commits[last])
+    if not built:
+        return last
+    b._skipped(b.commits[last], changes_the_build(built))
+    end = b.last_runnable(last)
+    tail = b.commits[end + 1 :]
+    first = f"{tail[0].short} {tail[0].subject}"
+    if end < 0:
+        return _finish(b, BisectOutcome(b.root, b.steps, EXIT_INFRA, candidates=tail, message=(
+            f"every commit after {good} changes the installed build from BASE, from {first} on: the change, if --bad"
+            f" {bad} has one, is one of {len(tail)} commit(s) that could not be run (skipped)"
+        )))  # fmt: skip
+    b.events(Event(
+        f"--bad {bad} cannot be run: bisecting up to {b.commits[end].short}, the last commit before {first}, the"
+        " first whose diff from BASE changes the installed build"
+    ))  # fmt: skip
+    return end
 
 
 def _stop(b: Bisect, message: str) -> BisectOutcome:

@@ -87,7 +87,8 @@ def sync_steps(push: PushRequest, cycle: int, chunks: dict[str, list[TransferChu
     steps = [Step(protocol.INIT_TRANSFER, body={"init_info": {}})] if cycle == 1 else []
     for role in (r for r in protocol.ROLES if r in push.to):
         start = protocol.START_DRAFT_UPDATE if role == "draft" else protocol.START_UPDATE
-        sent = (chunks or {}).get(role) or [TransferChunk(role, "…", ())]
+        # `chunks` None: a description (`check`), one call stands for all; a session left with none sends nothing
+        sent = [TransferChunk(role, "…", ())] if chunks is None else chunks.get(role, [])
         steps += [
             Step(start),
             *(Step(protocol.UPDATE_WEIGHTS, body={"update_info": chunk.update_info()}) for chunk in sent),
@@ -181,15 +182,15 @@ def run_cycle(
 
 
 def _scenario_problem(step: Step, body: Any) -> str | None:
-    """A step the server carried out, but that shows the scenario itself wrong: a push whose push_scale names a tensor
-    that no worker pushed (the perturbation never happened, so a perturbed push could not be judged)."""
+    """A step the server carried out, but that shows the scenario itself wrong: a push that never met a tensor its
+    push_scale or push_skip picked (the perturbation never happened, so a perturbed push could not be judged)."""
     if step.kind is not protocol.PUSH_STEP or not isinstance(body, dict):
         return None
     answers = [PushAnswer.from_dict(r) for r in body.get("results") or []]
     unmatched = sorted({name for answer in answers for name in answer.unmatched})
     if not unmatched:
         return None
-    return f"{step.name}: push_scale names no pushed tensor: {', '.join(unmatched)}"
+    return f"{step.name}: push_scale or push_skip picked tensors the push never met: {', '.join(unmatched)}"
 
 
 def _text(body: Any, limit: int = 2000) -> str:

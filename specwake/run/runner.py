@@ -12,20 +12,22 @@ from pathlib import Path
 
 from specwake.errors import Interrupted
 from specwake.events import Event, Events
-from specwake.judge.assemble import host_info, judge_scenario, now_iso
+from specwake.judge.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.judge.verdict import speed_rule
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant
 from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
 from specwake.run.gate import AnyTime, Gate, Quiet, Turns
-from specwake.run.schedule import Job, run_packed
+from specwake.run.schedule import Job, run_packed, side_by_side
 from specwake.run.variant_run import VariantRun
 from specwake.runfolder import RunLayout, write_files
 
 
 class Recorder:
-    """Keeps one scenario's result files current; safe to call from several job threads."""
+    """Keeps one scenario's result files current; safe to call from several job threads. Every variant the run
+    plans is in them from the first save on: one not started yet as `incomplete` with nothing recorded, so that the
+    files of a run killed outright (no chance to save again) still name it."""
 
     def __init__(
         self,
@@ -36,8 +38,10 @@ class Recorder:
         kept: Sequence[VariantResult] = (),
         started_at: str | None = None,
         shard: str | None = None,
+        planned: Sequence[PreparedVariant] = (),
     ) -> None:
         self.scenario, self.run_dir, self.runs, self.mode, self.shard = scenario, run_dir, runs, mode, shard
+        self.planned = list(planned)  # every variant this run is to run (kept ones aside)
         self.kept = list(kept)  # complete results carried over from an earlier, interrupted run (--resume)
         self.started_at = started_at or now_iso()
         self.host = host_info()  # read once: platform.platform() asks `uname`
@@ -46,6 +50,10 @@ class Recorder:
     def result(self, complete: bool = False) -> ScenarioResult:
         fresh = {run.name: run.result() for run in self.runs if run.started_any or complete}
         merged = {v.name: v for v in self.kept} | fresh
+        for prep in self.planned:
+            name = prep.variant.name
+            if name not in merged:
+                merged[name] = judge_variant(self.scenario, prep, VariantRecord(name, ""))
         order = [v.name for v in self.scenario.variants]
         variants = sorted(merged.values(), key=lambda v: order.index(v.name) if v.name in order else len(order))
         return judge_scenario(
@@ -80,19 +88,22 @@ def run_scenario(
     kept: Sequence[VariantResult] = (),
     started_at: str | None = None,
     shard: str | None = None,
+    registry: Path | None = None,
 ) -> ScenarioResult:
     """Run every prepared variant; result files are rewritten after every phase, so an interrupted run
-    (Ctrl-C, SIGTERM) leaves a valid partial result.
+    (Ctrl-C, SIGTERM) leaves a valid partial result. `registry`: where servers are recorded while they run.
 
     interleave: start all variants' servers, then alternate their phases (fresh A, fresh B, cycle 1 A, ...) so slow
     drift of clocks or load does not bias one variant against the other.
     """
     alone = Gate(alone=True)  # one server at a time, or all up with their phases taken in turn: nothing else runs
     runs = [
-        VariantRun(scenario, p, layout.log_file(scenario.name, p.variant.name), events, gate=alone) for p in prepared
+        VariantRun(scenario, p, layout.log_file(scenario.name, p.variant.name), events, gate=alone, registry=registry)
+        for p in prepared
     ]
     mode = "interleaved" if interleave else "sequential"
-    recorder = Recorder(scenario, layout.scenario_dir(scenario.name), runs, mode, kept, started_at, shard)
+    recorder = Recorder(scenario, layout.scenario_dir(scenario.name), runs, mode, kept, started_at, shard, prepared)
+    recorder.save()  # every planned variant named before any server starts
     try:
         if interleave:
             _run_interleaved(runs, recorder.save)
@@ -179,6 +190,8 @@ MEASURING = {
     "parallel": "servers side by side, measuring at once: no speed call binds here (AL decides, tok/s is advisory)",
     "packed": "servers side by side on their own GPUs; a stage whose tok/s decides measures alone: no other server"
     " starts, cycles, measures or stops meanwhile",
+    "sequential": "one server at a time: no two of the run's servers fit side by side (each needs a core, or a GPU,"
+    " per tensor-parallel rank)",
 }
 
 
@@ -188,6 +201,24 @@ def speed_binds(work: Sequence[Work]) -> bool:
     return any(speed_rule(w.scenario.min_speedup_recovery, p.l2_discard).binding for w in work for p in w.prepared)
 
 
+def server_jobs(work: Sequence[Work]) -> list[Job]:
+    """One job per scenario × variant server, needing a device (GPU or core) per tensor-parallel rank."""
+    return [Job(f"{w.scenario.name}/{p.variant.name}", w.scenario.server.tensor_parallel_size) for w in work
+            for p in w.prepared]  # fmt: skip
+
+
+def packing_mode(work: Sequence[Work], devices: Sequence[int], cpu: bool) -> str:
+    """What a packed run of `work` on `devices` (GPUs, or CPU cores with `cpu`) does, as its result records it:
+    `sequential` where no two of its servers ever fit side by side (one server, or each needing more than half the
+    devices), so they run one after the other; else `packed` on GPUs, and on cores `overlapped` where a speed call
+    binds (measurements take turns), `parallel` where none does."""
+    if not side_by_side(server_jobs(work), devices):
+        return "sequential"
+    if not cpu:
+        return "packed"
+    return "overlapped" if speed_binds(work) else "parallel"
+
+
 def run_packed_scenarios(
     work: Sequence[Work],
     devices: Sequence[int],
@@ -195,27 +226,30 @@ def run_packed_scenarios(
     shard: str | None = None,
     *,
     cpu: bool = False,
+    registry: Path | None = None,
 ) -> list[ScenarioResult]:
     """Every scenario × variant server on its own disjoint set of `devices`, as many at once as fit, largest TP
     first. On a GPU machine the devices are GPUs, and a stage whose tok/s decides measures while no other server is
     busy (gate.Quiet). With `cpu` they are CPU cores: servers run side by side, each confined to its own cores, and
-    where a speed call binds whole variants measure one at a time (gate.Turns) so their tok/s is their own.
+    where a speed call binds whole variants measure one at a time (gate.Turns) so their tok/s is their own. Where no
+    two servers fit side by side, they run one after the other and the result says `sequential` (packing_mode).
 
     One server's crash never stops the others. On Ctrl-C every running server is stopped (not just abandoned)
-    and every scenario keeps what it measured.
+    and every scenario keeps what it measured. `registry`: where servers are recorded while they run.
     """
     cancel = threading.Event()
-    alone = cpu and speed_binds(work)
-    turns = Turns(cancel) if alone else AnyTime()
-    gate = Gate(alone) if cpu else Quiet(cancel)  # on GPUs the deciding stages take turns, not whole variants
-    mode = "packed" if not cpu else "overlapped" if alone else "parallel"
+    mode = packing_mode(work, devices, cpu)
+    turns = Turns(cancel) if mode == "overlapped" else AnyTime()
+    # On GPUs the deciding stages take turns, not whole variants; one server at a time measures alone anyway.
+    gate = Quiet(cancel) if mode == "packed" else Gate(alone=mode != "parallel")
     events(Event(MEASURING[mode]))
     unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []
     jobs: list[Job] = []
     by_key: dict[str, tuple[Work, PreparedVariant, int]] = {}
     for index, w in enumerate(work):
-        recorders.append(Recorder(w.scenario, w.run_dir, [], mode, w.kept, w.started_at, shard))
+        recorders.append(Recorder(w.scenario, w.run_dir, [], mode, w.kept, w.started_at, shard, w.prepared))
+        recorders[-1].save()  # every planned variant named before any server starts
         for prep in w.prepared:
             key = f"{w.scenario.name}/{prep.variant.name}"
             jobs.append(Job(key, w.scenario.server.tensor_parallel_size))
@@ -227,7 +261,9 @@ def run_packed_scenarios(
         scoped = _scoped(events, scenario.name)
         gpus, cores = ((), got) if cpu else (got, ())
         log = w.layout.log_file(scenario.name, prep.variant.name)
-        run = VariantRun(scenario, prep, log, scoped, gpus=gpus, cores=cores, cancel=cancel, gate=gate)
+        run = VariantRun(
+            scenario, prep, log, scoped, gpus=gpus, cores=cores, cancel=cancel, gate=gate, registry=registry
+        )
         recorder = recorders[index]
         recorder.add(run)
         watcher = threading.Thread(target=_stop_when_cancelled, args=(cancel, run), daemon=True)

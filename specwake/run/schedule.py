@@ -174,6 +174,15 @@ def next_launches(
     return launches
 
 
+def side_by_side(jobs: Sequence[Job], devices: Sequence[int]) -> bool:
+    """Whether the policy ever runs two of `jobs` at once on `devices`: exactly when the two smallest fit together.
+    (If they do, the first of them to start either joins a running job or leaves room for the other, which is
+    pending then; if they do not, no two jobs fit.) With no devices (CPU mode of the scheduler) jobs run one at a
+    time."""
+    needs = sorted(job.gpus_needed for job in jobs)
+    return bool(devices) and len(needs) > 1 and needs[0] + needs[1] <= len(devices)
+
+
 def plan_schedule(jobs: Sequence[Job], gpus: Sequence[int]) -> list[Assignment]:
     """Simulate the packing policy with each job lasting its ``est_seconds``; assignments in start order."""
     validate(jobs, gpus)

@@ -1,5 +1,6 @@
-"""One vLLM server's lifetime as a context manager: start it in its own process group,
-wait until /health answers, stop the whole group (SIGTERM, then SIGKILL), keep its log."""
+"""One vLLM server's lifetime as a context manager: start it in its own process group, tied to specwake by a
+watchdog (lifeline.py) and recorded in specwake's cache (leftovers.py), wait until /health answers, stop the whole
+group (SIGTERM, then SIGKILL), keep its log."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ import httpx
 
 from specwake.errors import StartupFailed
 from specwake.prepare.plan import REDACTED, redact_env
+from specwake.run.groups import STRAGGLER_TIMEOUT_S, group_rss_bytes, live_group_members, signal_group
+from specwake.run.leftovers import ServerRecord, forget, remember
+from specwake.run.lifeline import Lifeline
 
 log = logging.getLogger(__name__)
 
-STRAGGLER_TIMEOUT_S = 5.0
 _TAIL_BYTES = 256 * 1024
 
 
@@ -39,6 +42,9 @@ class ServerSpec:
     # CPU cores the whole server is confined to (empty: no limit). Set right after launch, before the server
     # starts any process or thread, so every process and thread of it inherits the limit.
     cpus: tuple[int, ...] = ()
+    # Where the server's record lies while it runs, so that a later run finds it if this one dies with it and its
+    # watchdog (leftovers.registry_dir of specwake's cache); None: not recorded.
+    registry: Path | None = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -71,50 +77,6 @@ def tail_lines(data: bytes, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:]) if lines > 0 else ""
 
 
-def live_group_members(pgid: int) -> list[int]:
-    """Pids of the non-zombie processes in process group ``pgid`` (empty if the group is gone).
-
-    Zombies are skipped: an orphan whose new parent never reaps it cannot run, hold a GPU or a
-    port. Without /proc, any remaining member (as seen by ``killpg(pgid, 0)``) counts as live.
-    """
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return []
-    except PermissionError:
-        pass
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return [pgid]
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def group_rss_bytes(pgid: int) -> int | None:
-    """Resident memory of every live process in group `pgid`, summed (None without /proc or members)."""
-    total, seen = 0, False
-    for pid in live_group_members(pgid):
-        try:
-            resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        total, seen = total + resident * _PAGE, True
-    return total if seen else None
-
-
 class Server:
     """A server process group: start() launches it, wait_ready() waits for /health, stop() always ends it."""
 
@@ -131,6 +93,8 @@ class Server:
         self.base_url = f"http://{spec.host}:{spec.port}"
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
+        self._lifeline: Lifeline | None = None
+        self._record: Path | None = None
         self._stopped = False
 
     @property
@@ -143,7 +107,7 @@ class Server:
         return self.pid
 
     def start(self) -> None:
-        """Launch the server in a new session, output appended to the log file."""
+        """Launch the server in a new session, output appended to the log file, then its watchdog and record."""
         if self._proc is not None:
             raise RuntimeError("server already started")
         spec = self.spec
@@ -169,7 +133,21 @@ class Server:
                 os.sched_setaffinity(self._proc.pid, spec.cpus)
             except OSError as exc:  # gone already: wait_ready reports how it exited
                 log.warning("cannot confine server pid %d to cores %s: %s", self._proc.pid, spec.cpus, exc)
+        self._tie(self._proc.pid)
         log.info("started server pid %d on %s, log %s", self._proc.pid, self.base_url, spec.log_path)
+
+    def _tie(self, pgid: int) -> None:
+        """The group's watchdog, which stops it if specwake dies, and its record for a later run, in case the
+        watchdog dies too. A server that cannot have a watchdog is stopped: nothing would stop it after a crash."""
+        try:
+            self._lifeline = Lifeline.attach(pgid, self.grace_s, self._log_file)
+        except OSError as exc:
+            self.stop()
+            raise StartupFailed(f"cannot start the watchdog of server pid {pgid}: {exc}") from exc
+        registry = self.spec.registry
+        record = ServerRecord.of(pgid, self.spec.port, self.spec.log_path, self._lifeline.pid) if registry else None
+        if registry is not None and record is not None:
+            self._record = remember(registry, record)
 
     def wait_ready(self) -> float:
         """Poll GET /health until it answers 200; return the seconds waited.
@@ -256,9 +234,17 @@ class Server:
             raise
         finally:
             self._stopped = True
+            self._untie(pgid)
             if self._log_file is not None:
                 self._log_file.close()
                 self._log_file = None
+
+    def _untie(self, pgid: int) -> None:
+        """Once the group is stopped: cut the lifeline (its watchdog exits), drop the record if nothing is left."""
+        if self._lifeline is not None:
+            self._lifeline.cut()
+        if self._record is not None and not live_group_members(pgid):
+            forget(self._record)
 
     def _require_proc(self) -> subprocess.Popen[bytes]:
         if self._proc is None:
@@ -266,8 +252,8 @@ class Server:
         return self._proc
 
     def _terminate(self, proc: subprocess.Popen[bytes], pgid: int) -> None:
-        _signal_group(pgid, signal.SIGTERM)
-        _signal_group(pgid, signal.SIGCONT)  # a stopped (SIGSTOP-ed, hung) group must run to see SIGTERM
+        signal_group(pgid, signal.SIGTERM)
+        signal_group(pgid, signal.SIGCONT)  # a stopped (SIGSTOP-ed, hung) group must run to see SIGTERM
         deadline = time.monotonic() + self.grace_s
         try:
             proc.wait(timeout=self.grace_s)
@@ -285,7 +271,7 @@ class Server:
         deadline = time.monotonic() + STRAGGLER_TIMEOUT_S
         while True:
             if live_group_members(pgid):
-                _signal_group(pgid, signal.SIGKILL)
+                signal_group(pgid, signal.SIGKILL)
             if proc.poll() is None:
                 try:
                     proc.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -298,10 +284,3 @@ class Server:
                 log.warning("processes %s of group %d survived SIGKILL", survivors, pgid)
                 return
             time.sleep(0.05)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass

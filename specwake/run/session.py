@@ -17,6 +17,7 @@ from specwake.events import Event, Events
 from specwake.judge.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.judge.crashes import INPUT_REJECTED
 from specwake.judge.verdict import exit_code
+from specwake.prepare.checkpoint import checkpoints, tensor_lines
 from specwake.prepare.hub import availability, confirm_on_hub
 from specwake.prepare.models import is_builtin
 from specwake.prepare.scenario import Overrides, Scenario, load_scenario
@@ -33,8 +34,9 @@ from specwake.prepare.variants import (
 from specwake.report import render_markdown
 from specwake.report.junit import write_junit
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
-from specwake.run.runner import MEASURING, Work, run_packed_scenarios, run_scenario, speed_binds
-from specwake.run.schedule import Job, plan_schedule
+from specwake.run.leftovers import handle_leftovers, registry_dir
+from specwake.run.runner import MEASURING, Work, packing_mode, run_packed_scenarios, run_scenario, server_jobs
+from specwake.run.schedule import plan_schedule
 from specwake.run.shards import Shard, jobs_of
 from specwake.runfolder import RESULT_FILE, RunLayout, check_writable, load_result, scenario_results, write_files
 
@@ -52,6 +54,7 @@ class RunRequest:
     resume: Path | None = None
     shard: Shard | None = None  # run only this machine's share of the scenario × variant jobs
     loaded: tuple[Scenario, ...] = ()  # scenarios already loaded (and changed, as bisect does) instead of the files
+    stop_leftovers: bool = False  # stop servers that runs which died left running, instead of only naming them
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
         scenarios, prepared = [s for s, _ in active], [p for _, p in active]
     if gpus is not None and any(p.engine.is_gpu for variants in prepared for p in variants):
         _refuse_invisible_gpus(gpus, _visible_gpus(prepared))
+    handle_leftovers(request.cache, request.stop_leftovers, events)
     layout = _layout(request, scenarios)
     events(Event(f"results in {layout.root}"))
     work = [
@@ -201,11 +205,12 @@ def _run(
     """Run every scenario in the mode asked for: on GPUs packed, each server on its own GPUs; on CPU side by
     side (each on its own cores, measurements alone) unless --sequential or --interleave."""
     prepared = [w.prepared for w in work]
+    registry = registry_dir(request.cache)
     if any(p.engine.is_gpu for variants in prepared for p in variants):
         inventory = gpus if gpus is not None else _visible_gpus(prepared)
-        return run_packed_scenarios(work, inventory, events, shard=shard)
+        return run_packed_scenarios(work, inventory, events, shard=shard, registry=registry)
     if not (request.interleave or request.sequential):
-        return run_packed_scenarios(work, available_cpus(), events, shard=shard, cpu=True)
+        return run_packed_scenarios(work, available_cpus(), events, shard=shard, cpu=True, registry=registry)
     return [
         run_scenario(
             w.scenario,
@@ -216,6 +221,7 @@ def _run(
             kept=w.kept,
             started_at=w.started_at,
             shard=shard,
+            registry=registry,
         )  # fmt: skip
         for w in work
     ]
@@ -284,11 +290,13 @@ def check_all(
     sequential: bool = False,
     interleave: bool = False,
     hub: httpx.Client | None = None,
+    tensors: bool = False,
 ) -> CheckOutcome:
     """Everything `run` resolves before launching, for every scenario, plus the GPU assignment packing would
-    choose and where each model would be loaded from (`online`: the Hub asked too, through `hub`); launches no
-    server. Input problems raise (exit 2), among them a model id the Hub does not have; a missing engine, or a
-    Hub that does not answer when asked, raises (exit 3)."""
+    choose and where each model would be loaded from (`online`: the Hub asked too, through `hub`; `tensors`: every
+    checkpoint tensor name push_scale and push_skip may use, per model); launches no server. Input problems raise
+    (exit 2), among them a model id the Hub does not have; a missing engine, or a Hub that does not answer when
+    asked, raises (exit 3)."""
     inventory = gpus
     scenarios = [load_scenario(path, overrides) for path in paths]
     _refuse_same_names(scenarios)  # as run does
@@ -304,38 +312,26 @@ def check_all(
     prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]
     validate_run(scenarios, prepared, cache, events)
     problems = [p.platform_problem for variants in prepared for p in variants if p.platform_problem]
+    on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
+    if gpus is not None and on_gpu:
+        _refuse_invisible_gpus(gpus, _visible_gpus(prepared))  # as run does
     assigned: dict[str, tuple[int, ...]] = {}
     cores: dict[str, tuple[int, ...]] = {}
-    mode = ""
-    on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
-    if not on_gpu and not problems and not (sequential or interleave):
-        # run's CPU default: side by side, each server on cores of its own, as the packer would place them
-        work = [Work(s, ps, RunLayout(Path("."), ())) for s, ps in zip(scenarios, prepared, strict=True)]
-        mode = "overlapped" if speed_binds(work) else "parallel"
-        jobs = [
-            Job(f"{s.name}/{p.variant.name}", s.server.tensor_parallel_size)
-            for s, ps in zip(scenarios, prepared, strict=True)
-            for p in ps
-        ]
-        try:
-            cores = {a.job.key: a.gpus for a in plan_schedule(jobs, available_cpus())}
-        except ValueError as exc:
-            problems.append(str(exc))
-    elif not on_gpu:
+    if not on_gpu and (sequential or interleave):
         mode = "interleaved" if interleave else "sequential"
-    if on_gpu and not problems:
-        jobs = [
-            Job(f"{s.name}/{p.variant.name}", s.server.tensor_parallel_size)
-            for s, ps in zip(scenarios, prepared, strict=True)
-            for p in ps
-        ]
-        try:
-            plan = plan_schedule(jobs, inventory if inventory is not None else _visible_gpus(prepared))
-        except ValueError as exc:
-            problems.append(str(exc))
-        else:
-            assigned = {a.job.key: a.gpus for a in plan}
-            mode = "packed"
+        label = RUN_MODES[mode] if interleave else SEQUENTIAL_FLAG
+    else:  # run's default: packed onto the GPUs, or side by side on cores of their own, as the packer places them
+        work = [Work(s, ps, RunLayout(Path("."), ())) for s, ps in zip(scenarios, prepared, strict=True)]
+        devices = (inventory if inventory is not None else _visible_gpus(prepared)) if on_gpu else available_cpus()
+        mode = packing_mode(work, devices, cpu=not on_gpu)
+        label = RUN_MODES[mode]
+        if not problems:
+            try:
+                plan = {a.job.key: a.gpus for a in plan_schedule(server_jobs(work), devices)}
+            except ValueError as exc:
+                problems.append(str(exc))
+            else:
+                assigned, cores = (plan, {}) if on_gpu else ({}, plan)
     texts = []
     for scenario, variants in zip(scenarios, prepared, strict=True):
         plans = [
@@ -343,8 +339,9 @@ def check_all(
             for p in variants
         ]
         texts.append(describe(scenario, variants, plans, found[scenario.name]))
-    if mode:
-        texts.append(f"run mode: {mode} — {RUN_MODES[mode]}")
+        if tensors and variants:
+            texts += tensor_lines(checkpoints(scenario, variants[0].model, variants[0].draft_model))
+    texts.append(f"run mode: {mode} — {label}")
     return CheckOutcome("\n".join(texts), problems)
 
 
@@ -352,11 +349,8 @@ def key(scenario: Scenario, prep: PreparedVariant) -> str:
     return f"{scenario.name}/{prep.variant.name}"
 
 
-RUN_MODES = {
-    **MEASURING,
-    "sequential": "one server at a time (--sequential)",
-    "interleaved": "a scenario's servers up at once, their stages alternated (--interleave)",
-}
+RUN_MODES = {**MEASURING, "interleaved": "a scenario's servers up at once, their stages alternated (--interleave)"}
+SEQUENTIAL_FLAG = "one server at a time (--sequential)"
 
 
 def _hub_models(scenario: Scenario) -> list[tuple[str, str]]:

@@ -116,9 +116,10 @@ def _combine(a: ScenarioResult, b: ScenarioResult) -> ScenarioResult:
     verdict = decide_verdict([(v.outcome, v.matched) for v in variants if v.outcome != INCOMPLETE])
     shards = [s for r in (a, b) for s in (r.scenario.get("shards") or [r.scenario.get("shard")]) if s]
     finished = [t for t in (a.finished_at, b.finished_at) if t]
+    runs = [r for r in (a.scenario.get("run"), b.scenario.get("run")) if r]  # the run folders, where loaded from one
     return replace(
         a,
-        scenario={**a.scenario, "shards": shards},
+        scenario={**a.scenario, "shards": shards, **({"run": " + ".join(runs)} if runs else {})},
         variants=variants,
         verdict=verdict,
         started_at=min(a.started_at, b.started_at),

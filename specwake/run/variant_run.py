@@ -21,7 +21,7 @@ from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, P
 from specwake.judge.verdict import speed_rule
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant, check_imports, plan_variant
-from specwake.protocol import TransferChunk
+from specwake.protocol import PushRequest, TransferChunk
 from specwake.results import StepResult, VariantResult
 from specwake.run import diagnose
 from specwake.run.client import VllmClient
@@ -55,8 +55,10 @@ class VariantRun:
         clock: Callable[[], float] = time.monotonic,
         cancel: threading.Event | None = None,
         gate: Gate | None = None,
+        registry: Path | None = None,
     ) -> None:
         self.scenario, self.prep, self.events, self.clock = scenario, prep, events, clock
+        self.registry = registry  # where its server is recorded while it runs (leftovers.registry_dir)
         self.cancel = cancel  # set when the whole run is being interrupted (packed runs stop servers from outside)
         self.gate = gate if gate is not None else Gate(alone=False)  # what its start, stages, cycles, stop wait for
         self.decides = speed_rule(scenario.min_speedup_recovery, prep.l2_discard).binding  # its tok/s decides
@@ -114,7 +116,10 @@ class VariantRun:
 
     def _server(self, port: int) -> Server:
         timeout = self.scenario.server.startup_timeout_s
-        return Server(ServerSpec(self.plan.argv, self.plan.env, port, self.log_path, timeout, cpus=self.plan.cores))
+        spec = ServerSpec(
+            self.plan.argv, self.plan.env, port, self.log_path, timeout, cpus=self.plan.cores, registry=self.registry
+        )
+        return Server(spec)
 
     def open(self) -> None:
         """Start the server, wait for /health, check it is ours and imports the right vLLM."""
@@ -170,12 +175,33 @@ class VariantRun:
         mismatch = check_imports(self.prep, infos)
         if mismatch:
             self._fail(OVERLAY_NOT_USED, mismatch, self.server.log_tail(20))
-        elif self.push is not None and self.push.syncs:
-            # The trainer's side of a sync: what to send, asked of the first worker (every rank reads the same files).
-            timeout = self.scenario.cycle.step_timeout_s
-            for role in self.push.to:
-                answers = client.rpc_results(protocol.TRANSFER_MANIFEST, timeout=timeout, kwargs={"role": role})
-                self.chunks[role] = [TransferChunk.from_dict(c) for c in (answers[0] if answers else [])]
+        elif self.push is not None and (self.push.syncs or self.push.changes):
+            self._choose(client, self.push)
+
+    def _choose(self, client: VllmClient, push: PushRequest) -> None:
+        """The trainer's side of a sync, or of a perturbed or partial push: what each model is sent (its manifest,
+        asked of the first worker: every rank reads the same files), and what push_scale and push_skip pick of it."""
+        timeout = self.scenario.cycle.step_timeout_s
+        sent = {}
+        for role in push.to:
+            answers = client.rpc_results(protocol.TRANSFER_MANIFEST, timeout=timeout, kwargs={"role": role})
+            sent[role] = [TransferChunk.from_dict(c) for c in (answers[0] if answers else [])]
+        if push.changes:
+            names = {role: [n for chunk in chunks for n in chunk.loaded_names] for role, chunks in sent.items()}
+            chosen, unmatched = protocol.choose(names, push.scale, push.skip)
+            if unmatched:
+                how = "sync" if push.syncs else "push"
+                picks = "; ".join(
+                    f"{'push_skip' if e in push.skip else 'push_scale'} {e!r} picks no tensor the {how} sends"
+                    for e in unmatched
+                )
+                self._fail(INPUT_REJECTED, f"{MEANINGS[INPUT_REJECTED]} during {self.phase}: {picks}", None)
+                return
+            self.push = replace(push, chosen=chosen)
+            self.record.chosen = chosen
+            sent = {role: [c for one in chunks if (c := one.narrowed(chosen[role]))] for role, chunks in sent.items()}
+        if push.syncs:
+            self.chunks = sent
 
     def close(self) -> None:
         """Stop the server (always safe to call, also when it never started)."""

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from specwake.protocol import Memory, PushAnswer, PushRequest
+from specwake.protocol import Chosen, Memory, PushAnswer, PushRequest
 from specwake.worker import coverage, push, transfer
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
@@ -145,20 +145,29 @@ class SpecwakeWorkerExtension:
     def specwake_push(self, request: str = "{}") -> dict[str, Any]:
         """Wake with new weights the way RL frameworks do (verl's update_weights_from_ipc): tensors pushed into the
         live models through load_weights, not reload_weights from disk. `request` is JSON, as /collective_rpc
-        passes strings: {"to": ["target"] | ["target", "draft"], "scale": {tensor name: factor}}. The drafter
-        goes first, the target last, so modules they share end up with the target's tensors. The answer's
-        `unmatched` lists `scale` names that named no pushed tensor: the scenario's mistake, for the caller to
-        report (the push itself went through unscaled for them)."""
+        passes strings (protocol.PushRequest): {"to": ["target"] | ["target", "draft"], "chosen": {model: {"skip":
+        [names], "scale": {name: factor}}}}, the names each model's push leaves out and scales, as the CLI resolved
+        them against the manifest. The drafter goes first, the target last, so modules they share end up with the
+        target's tensors. The answer's `unmatched` lists chosen names the model's push never met (the push went
+        through without them): for the caller to report."""
         spec = PushRequest.from_json(request)
         runner = self._specwake_runner()
-        seen: list[str] = []
+        seen = {role: push.Seen() for role in spec.to}
         done = {}
         with vllm_config_of(runner):
             if "draft" in spec.to:
-                done["draft"] = push.push_draft(runner, spec.scale, seen)
+                done["draft"] = push.push_draft(runner, spec.chosen.get("draft", Chosen()), seen["draft"])
             if "target" in spec.to:
-                done["target"] = push.push_target(runner, spec.scale, seen)
-        return asdict(PushAnswer(done, sorted(set(seen)), sorted(set(spec.scale) - set(seen))))
+                done["target"] = push.push_target(runner, spec.chosen.get("target", Chosen()), seen["target"])
+        unmatched = {
+            name
+            for role, chosen in spec.chosen.items()
+            for name in (*chosen.skip, *chosen.scale)
+            if role in seen and name not in seen[role].names
+        }
+        scaled = sorted({n for s in seen.values() for n in s.scaled})
+        skipped = sorted({n for s in seen.values() for n in s.skipped})
+        return asdict(PushAnswer(done, scaled, sorted(unmatched), skipped))
 
     def specwake_transfer_manifest(self, role: str = "target") -> list[dict[str, Any]]:
         """The chunks a weight sync sends for one model's session (specwake.worker.transfer.manifest); none for a

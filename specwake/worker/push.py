@@ -1,24 +1,42 @@
 """Wake with new weights the way RL trainers do (verl's update_weights_from_ipc, NeMo-RL, TRL): the checkpoint's
 tensors pushed into the live models through load_weights / reload_weights(weights_iterator=...), not reloaded
-from disk by path. Optionally scaled, so a test can prove the drafter follows the weights it was given.
+from disk by path. Optionally perturbed or partial (push_scale, push_skip): the tensors each model's `Chosen` names
+scaled on the way or left out, so a test can prove the drafter follows the weights it was given, or catch a push
+that gets the drafter wrong.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from specwake.protocol import Chosen
 from specwake.worker.finders import find_draft, find_target
 
 
-def scaled(weights: Iterator[tuple[str, torch.Tensor]], scale: dict[str, float], seen: list[str]) -> Iterator:
-    """The checkpoint's (name, tensor) pairs, those named in `scale` multiplied by their factor (`seen` lists them)."""
+@dataclass
+class Seen:
+    """The names one model's push met: all of them, those it scaled and those it left out."""
+
+    names: set[str] = field(default_factory=set)
+    scaled: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def sent(weights: Iterator[tuple[str, torch.Tensor]], chosen: Chosen, seen: Seen) -> Iterator:
+    """The checkpoint's (name, tensor) pairs as the push sends them: those `chosen` leaves out dropped, those it
+    scales multiplied by their factor (`seen` notes every name, and both kinds)."""
     for name, tensor in weights:
-        factor = scale.get(name)
+        seen.names.add(name)
+        if name in chosen.left_out:
+            seen.skipped.append(name)
+            continue
+        factor = chosen.scale.get(name)
         if factor is not None:
-            seen.append(name)
+            seen.scaled.append(name)
             tensor = times(tensor, factor)
         yield name, tensor
 
@@ -31,7 +49,7 @@ def times(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     return tensor * factor
 
 
-def push_draft(runner: Any, scale: dict[str, float], seen: list[str]) -> str:
+def push_draft(runner: Any, chosen: Chosen, seen: Seen) -> str:
     """Push the drafter's checkpoint tensors into the live drafter by the rules vLLM's draft reload follows
     (specwake.worker.draft_load, the very file the reference fix adds to vLLM): target modules shared into the drafter
     unbound while it loads, a tied head refilled, fused buffers rebuilt in place, attention scales kept. A plain
@@ -52,7 +70,7 @@ def push_draft(runner: Any, scale: dict[str, float], seen: list[str]) -> str:
         load_config = config.load_config
     weights = _all_weights(get_model_loader(load_config))(spec.draft_model_config, draft)
     return "pushed: " + load_draft_weights_inplace(
-        draft, find_target(runner), spec.draft_model_config, scaled(weights, scale, seen)
+        draft, find_target(runner), spec.draft_model_config, sent(weights, chosen, seen)
     )
 
 
@@ -63,11 +81,11 @@ def _all_weights(loader: Any) -> Any:
     return get_all
 
 
-def push_target(runner: Any, scale: dict[str, float], seen: list[str]) -> str:
+def push_target(runner: Any, chosen: Chosen, seen: Seen) -> str:
     """Push the target's checkpoint tensors as an RL trainer does: reload_weights(weights_iterator=...)."""
     from vllm.model_executor.model_loader import get_model_loader
 
     config = runner.vllm_config
     weights = _all_weights(get_model_loader(config.load_config))(config.model_config, runner.get_model())
-    runner.reload_weights(weights_iterator=scaled(weights, scale, seen))
+    runner.reload_weights(weights_iterator=sent(weights, chosen, seen))
     return "pushed"

@@ -8,6 +8,8 @@ Kinds, read from vLLM's `gpu_worker.py` (0.32, 0.33: `load_model` under the cume
 - **attribute**: a tensor a module keeps as a plain attribute, neither parameter nor buffer (DSpark's
   `_fused_kv_weight`, anything `process_weights_after_loading` or a proposer derives). Allocated in the weights pool
   while the model loads, so discarded, and nothing in vLLM restores it.
+On vLLM's CPU build a linear layer or LM head computes from a packed copy of its weight (specwake.worker.packed):
+that copy is read back and judged under its parameter's name, as the same parameter is judged on a GPU.
 Not weights, left out: the KV cache each attention layer holds as `kv_cache` (bound by `bind_kv_cache`,
 `v1/worker/utils.py`; its own pool, emptied by every sleep) and the host-side scale copies `_k_scale_cpu` /
 `_v_scale_cpu` (`set_default_quant_scales`, `model_executor/layers/attention/attention.py`: host memory on a GPU,
@@ -16,13 +18,14 @@ outside the pool and outside any CUDA graph, recreated by every `process_weights
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from specwake.protocol import KINDS, Fingerprint
+from specwake.worker.packed import PackedCopy, packed_copies, unpacked
 
 KV_CACHE_ATTRIBUTE = "kv_cache"
 HOST_SIDE_ATTRIBUTES = frozenset({"_k_scale_cpu", "_v_scale_cpu"})
@@ -44,7 +47,7 @@ class Entry:
 
     @property
     def resident(self) -> bool:
-        """Holds data at an address: not on meta, not empty (CPU linear weights live in a packed copy instead)."""
+        """Holds data at an address: not on meta, not empty (a CPU linear layer's weight lives in a packed copy)."""
         return not self.tensor.is_meta and self.tensor.numel() > 0
 
 
@@ -100,26 +103,76 @@ def storage_key(tensor: torch.Tensor) -> tuple[int, str]:
 def checksum(tensor: torch.Tensor) -> tuple[float | None, int, bool]:
     """(sum of |x| over the finite elements, or None when some element is not finite; non-finite element count;
     whether every element is zero). Converts chunk by chunk, so float8 and int tensors work on any device."""
-    flat = tensor.detach().reshape(-1)
-    total, nonfinite, nonzero = 0.0, 0, False
-    for chunk in flat.split(CHUNK):
-        values = chunk.to(torch.float64)
-        finite = torch.isfinite(values)
-        nonfinite += int((~finite).sum().item())
-        values = torch.where(finite, values, torch.zeros_like(values))
-        nonzero = nonzero or bool(values.any().item()) or not bool(finite.all().item())
-        total += float(values.abs().sum().item())
-    return (None if nonfinite else total), nonfinite, not nonzero
+    return Sums.of(tensor.detach().reshape(-1).split(CHUNK)).checksum
 
 
-def differs(now: float | None, then: float | None) -> bool:
+@dataclass(frozen=True)
+class Sums:
+    """What a checksum reads of some values: Σ|x| over the finite ones, how many are not finite, whether any is not
+    zero, how many there are."""
+
+    total: float = 0.0
+    nonfinite: int = 0
+    nonzero: bool = False
+    numel: int = 0
+
+    @classmethod
+    @torch.no_grad()
+    def of(cls, chunks: Iterable[torch.Tensor]) -> Sums:
+        """The sums of `chunks`' values, each converted to float64 on its own."""
+        total, nonfinite, nonzero, numel = 0.0, 0, False, 0
+        for chunk in chunks:
+            values = chunk.to(torch.float64)
+            finite = torch.isfinite(values)
+            nonfinite += int((~finite).sum().item())
+            values = torch.where(finite, values, torch.zeros_like(values))
+            nonzero = nonzero or bool(values.any().item()) or not bool(finite.all().item())
+            total += float(values.abs().sum().item())
+            numel += values.numel()
+        return cls(total, nonfinite, nonzero, numel)
+
+    @property
+    def checksum(self) -> tuple[float | None, int, bool]:
+        return (None if self.nonfinite else self.total), self.nonfinite, not self.nonzero
+
+
+def differs(now: tuple[float | None, ...], then: tuple[float | None, ...]) -> bool:
+    """Whether two readings of a tensor (its checksum, then those of its packed copies) disagree."""
+    return len(now) != len(then) or any(_differs(a, b) for a, b in zip(now, then, strict=False))
+
+
+def _differs(now: float | None, then: float | None) -> bool:
     if now is None or then is None:
         return now is not then
     return abs(now - then) > REL_TOLERANCE * max(1.0, abs(then))
 
 
-# What a fingerprint keeps of each tensor to compare later: (checksum, address), by name.
-Reference = dict[str, tuple[float | None, int]]
+# What a fingerprint keeps of each tensor to compare later, by name: (its checksum, followed by those of the packed CPU
+# copies the forward reads in its place; its address).
+Reference = dict[str, tuple[tuple[float | None, ...], int]]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One judged tensor as a fingerprint reads it: the checksums compared with fresh, the values counted as the
+    tensor's (its own; a packed copy's when the parameter was emptied for it) and where it lives (0 for a copy only
+    a packed CPU kernel reads: no CUDA graph can hold its address)."""
+
+    checksums: tuple[float | None, ...]
+    values: Sums
+    address: int
+    unpacked: int  # packed copies read back and compared
+
+
+def read(tensor: torch.Tensor, copies: list[PackedCopy]) -> Reading | None:
+    """`tensor` and the packed copies of it the forward reads (specwake.worker.packed); None when nothing there holds
+    data (on meta, or emptied with no packed copy to read back)."""
+    own = None if tensor.is_meta or tensor.numel() == 0 else Sums.of(tensor.detach().reshape(-1).split(CHUNK))
+    found = [Sums.of(blocks) for blocks in map(unpacked, copies) if blocks is not None]
+    sums = ([own] if own is not None else []) + found
+    if not sums:
+        return None
+    return Reading(tuple(s.checksum[0] for s in sums), sums[0], tensor.data_ptr() if own is not None else 0, len(found))
 
 
 def _by_kind(names: list[str], kinds: dict[str, str]) -> dict[str, int]:
@@ -140,7 +193,9 @@ def fingerprint(
     owned by another model (counted as shared). `reference`: what `keep` held at an earlier call, to count the
     tensors whose checksum differs and those now at another address (moved). `packed`: (modules computing from a
     packed CPU copy, those whose copy is still discarded). `uncovered`: parameters no load writes
-    (specwake.worker.coverage): compared apart, never counted in `differ`."""
+    (specwake.worker.coverage): compared apart, never counted in `differ`. A parameter the CPU build packed is judged
+    by what the forward reads: the packed copy, read back (specwake.worker.packed), stands in for a parameter it
+    emptied and is compared beside one it left in place (an embedding's, an LM head's)."""
     if model is None:
         return Fingerprint(present=False).to_dict()
     exclude = exclude or set()
@@ -148,8 +203,11 @@ def fingerprint(
     kinds = dict.fromkeys(KINDS, 0)
     kind_of: dict[str, str] = {}
     total, unread = 0.0, 0
-    compared, differ, moved, uncovered_differ = 0, [], [], []
+    compared, differ, moved, uncovered_differ, unpacked_copies = 0, [], [], [], 0
     resident: set[str] = set()
+    copies: dict[str, list[PackedCopy]] = {}
+    for copy in packed_copies(model):
+        copies.setdefault(copy.weight, []).append(copy)
     for entry in inventory(model):
         if entry.unread:
             unread += 1
@@ -158,28 +216,30 @@ def fingerprint(
         kind_of[entry.name] = entry.kind
         tensor = entry.tensor
         counts["tensors"] += entry.kind == "parameter"  # `tensors` and the counts below: parameters, as ever
-        if tensor.is_meta or tensor.numel() == 0:
+        reading = read(tensor, copies.get(entry.name, []) if entry.kind == "parameter" else [])
+        if reading is None:
             if entry.kind == "parameter":
-                counts["on_meta" if tensor.is_meta else "empty"] += 1  # empty: CPU weights kept packed
+                counts["on_meta" if tensor.is_meta else "empty"] += 1  # empty: no packed copy to read back either
             continue
         resident.add(entry.name)
-        value, nonfinite, all_zero = checksum(tensor)
+        unpacked_copies += reading.unpacked
+        value, nonfinite, all_zero = reading.values.checksum
         if entry.kind == "parameter":
-            counts["shared_with_target"] += tensor.data_ptr() in exclude
-            counts["numel"] += tensor.numel()
+            counts["shared_with_target"] += reading.address in exclude
+            counts["numel"] += reading.values.numel
             counts["nonfinite"] += nonfinite > 0
             counts["all_zero"] += all_zero
             total += value or 0.0
         if keep is not None:
-            keep[entry.name] = (value, tensor.data_ptr())
+            keep[entry.name] = (reading.checksums, reading.address)
         if reference is not None and entry.name in reference:
-            then_value, then_address = reference[entry.name]
+            then_values, then_address = reference[entry.name]
             if entry.name in uncovered:
-                uncovered_differ += [entry.name] if differs(value, then_value) else []
+                uncovered_differ += [entry.name] if differs(reading.checksums, then_values) else []
             else:
                 compared += 1
-                differ += [entry.name] if differs(value, then_value) else []
-            if tensor.data_ptr() != then_address:
+                differ += [entry.name] if differs(reading.checksums, then_values) else []
+            if reading.address != then_address:
                 moved.append(entry.name)
     found = Fingerprint(
         model_class=type(model).__name__,
@@ -195,6 +255,7 @@ def fingerprint(
         host_side=host_side_count(model),
         packed=packed[0],
         packed_discarded=packed[1],
+        unpacked=unpacked_copies,
         abs_sum=total,
         uncovered=len(uncovered),
         uncovered_names=sorted(uncovered)[:NAMES_SHOWN],

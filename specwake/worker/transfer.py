@@ -12,7 +12,9 @@ specwake stands in for the trainer: its "new weights" are the checkpoint the ser
 every tensor restores the model exactly, and the fingerprints can judge it. The CLI asks the workers for the
 checkpoint's files and tensor names (`manifest`), then sends them in chunks through POST /update_weights. Which files
 those are is vLLM's default loader's answer (for a Hub id it asks the Hub), resolved once per model and engine: the
-manifest call at startup resolves them on every rank, and no /update_weights asks again.
+manifest call at startup resolves them on every rank, and no /update_weights asks again. A perturbed or partial sync
+(push_scale, push_skip) is the trainer's doing too: the CLI leaves names out of the chunks it sends, and a chunk's
+`scale` says which of its tensors to multiply, by what, as they are read.
 """
 
 from __future__ import annotations
@@ -153,6 +155,7 @@ def _engine_class() -> type:
         file: str
         names: list[str] = field(default_factory=list)
         prefix: str = ""  # the source's prefix (`secondary_weights`), put before each name as vLLM's loader does
+        scale: dict[str, float] = field(default_factory=dict)  # names (as in the file) a perturbed sync scales
 
     class FileWeightTransferEngine(IPCWeightTransferEngine):
         """vLLM's `ipc` engine with a file transport instead of CUDA IPC (see the module docstring)."""
@@ -180,12 +183,22 @@ def _engine_class() -> type:
                 )
             with safe_open(file, framework="pt", device="cpu") as opened:
                 weights: list[tuple[str, torch.Tensor]] = [
-                    (update_info.prefix + n, opened.get_tensor(n)) for n in update_info.names
+                    (update_info.prefix + n, _scaled(opened.get_tensor(n), update_info.scale.get(n)))
+                    for n in update_info.names
                 ]
             with _partial_load_allowed():
                 self.model.load_weights(weights)  # type: ignore[operator]
 
     return FileWeightTransferEngine
+
+
+def _scaled(tensor: Any, factor: float | None) -> Any:
+    """A tensor as a perturbed sync sends it: × `factor` (specwake.worker.push.times), or as read."""
+    if factor is None:
+        return tensor
+    from specwake.worker.push import times
+
+    return times(tensor, factor)
 
 
 def register() -> bool:

@@ -2,14 +2,13 @@
 interpreter, without starting a server: ``python -m specwake.worker.validate < requests.json``. One process answers
 every variant of a run that uses this interpreter: importing vLLM takes seconds, checking takes milliseconds.
 
-Requests: a JSON list of {"model": str, "speculative": {...}, "args": [...], "variant_args": [...], "draft_model":
-str|null, "prompts": [...], "max_model_len": int|null, "push_scale": [...], "syncs": bool, "draft_session": bool}.
+Requests: a JSON list of {"model": str, "speculative": {...}, "args": [...], "variant_args": [...], "prompts": [...],
+"max_model_len": int|null, "syncs": bool, "draft_session": bool}.
 Answer (one line): a list, in order, of {"vllm": version, "valid_keys": [...], "unknown_keys": [...], "bad_values":
 {key: reason}, "args_error": str|null, "variant_args_error": str|null, "too_long": {"index": i, "tokens": n, "limit":
-max_model_len}|null, "unknown_tensors": [...], "transfer_problem": str|null, "skipped": [reason, ...]} —
-the variant's arguments are parsed after the server's; prompts are counted with the model's own tokenizer and
-push_scale names looked up in the checkpoints' tensor names, where the model is local (a folder, or the Hugging Face
-cache), and `skipped` says which of those checks could not run and why.
+max_model_len}|null, "transfer_problem": str|null, "skipped": [reason, ...]} — the variant's arguments are parsed
+after the server's; prompts are counted with the model's own tokenizer where the model is local (a folder, or the
+Hugging Face cache), and `skipped` says which of those checks could not run and why.
 SpeculativeConfig is a pydantic dataclass with extra keys forbidden, but vLLM validates it only when it builds the
 engine config, minutes into a GPU start; `--speculative-config` itself is parsed as plain JSON.
 """
@@ -117,24 +116,6 @@ def too_long(model: str, prompts: list[str], asked: int | None) -> tuple[dict[st
         if count > limit:
             return {"index": index, "tokens": count, "limit": limit}, None
     return None, None
-
-
-def checkpoint_names(models: list[str | None]) -> tuple[set[str] | None, str | None]:
-    """Every tensor name in the models' safetensors files (target, then drafter), or why they cannot be read."""
-    names: set[str] = set()
-    for model in models:
-        if not model:
-            continue
-        folder = local_folder(model)
-        files = sorted(folder.glob("*.safetensors")) if folder is not None else []
-        if not files:
-            return None, f"push_scale: no local safetensors files of {model}"
-        from safetensors import safe_open
-
-        for file in files:
-            with safe_open(str(file), framework="pt") as opened:
-                names.update(opened.keys())
-    return names, None
 
 
 def semantic_problem(model: str, spec: dict[str, Any], serve_args: list[str]) -> tuple[str | None, str | None]:
@@ -246,12 +227,6 @@ def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
         found["transfer_problem"] = transfer_problem(
             request["model"], [*args, *extra], bool(request.get("syncs")), bool(request.get("draft_session"))
         )
-    scale = list(request.get("push_scale") or [])
-    found["unknown_tensors"] = []
-    if scale:
-        names, skipped = checkpoint_names([request["model"], request.get("draft_model")])
-        found["unknown_tensors"] = [] if names is None else [n for n in scale if n not in names]
-        found["skipped"] += [skipped] if skipped else []
     return found
 
 

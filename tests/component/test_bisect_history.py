@@ -6,14 +6,16 @@ started; tests/e2e/test_bisect.py runs the steps on the real one."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from specwake.errors import InputError
+from specwake.prepare.overlay import parse_patch
 from specwake.run.bisect import Bisect, BisectOutcome, BisectRequest, _finish, find_base, render
-from tests.helpers.fakeengine import run_cli
+from tests.helpers.fakeengine import BEHAVIOUR, BEHAVIOUR_TEXT, FakeEngine, run_cli, scenario_text
 from tests.helpers.paths import REPO
 from tests.helpers.vllm_history import commit, git, release, start, touch
 
@@ -73,8 +75,18 @@ def test_a_change_to_the_build_skips_the_commit_and_every_later_one(history: dic
     b = make(history, "v0.33.0")
     kernel, model = (b.changes(c) for c in b.commits[1:])
     assert kernel[0] == ["CMakeLists.txt", "csrc/ops.h"]
-    assert model[0] == ["CMakeLists.txt", "csrc/ops.h", "vllm/model_executor/layers/fused_moe/configs/E=8.json"]
-    assert diffed(model[1]) == ["vllm/envs.py", "vllm/logger.py", "vllm/models/new.py"]  # the overlay: vllm/**.py only
+    assert model[0] == ["CMakeLists.txt", "csrc/ops.h"]
+    assert b.last_runnable(len(b.commits) - 1) == 0  # the Python fix, the last commit before the kernel
+
+
+def test_the_overlay_carries_package_data_as_a_patch_does(history: dict[str, Any]) -> None:
+    """A tuned .json config under vllm/ is installed as it is: the overlay carries it (as `--patch` carries any file
+    under vllm/), and it is no reason to skip a commit."""
+    b = make(history, "v0.33.0")
+    _, diff = b.changes(b.commits[2])
+    config = "vllm/model_executor/layers/fused_moe/configs/E=8.json"
+    assert diffed(diff) == ["vllm/envs.py", "vllm/logger.py", config, "vllm/models/new.py"]
+    assert parse_patch(diff.encode(), "step.diff").patched_files == tuple(sorted(diffed(diff)))
 
 
 def test_the_base_of_a_dev_build_is_the_commit_its_version_names(history: dict[str, Any]) -> None:
@@ -109,3 +121,59 @@ def test_the_merge_base_is_named_in_bisect_json_and_the_report(history: dict[str
     data = json.loads((b.root / "bisect.json").read_text())
     assert (data["good"], data["good_given"]) == (history["fork"], history["tag"])
     assert render(outcome).startswith("--good v0.33.0 is not an ancestor of --bad main")
+
+
+# -- on the fake engine: what `git diff` alone decides is decided before anything runs ---------------------------
+
+
+@pytest.fixture
+def fake_history(engine: FakeEngine, tmp_path: Path) -> dict[str, Any]:
+    """The fake engine's own vllm package as a vLLM checkout: stock (the drafter is not reloaded: collapse), the fix
+    (recover), an unrelated Python change, then a kernel change (csrc/, CMakeLists.txt)."""
+    repo = tmp_path / "vllm-repo"
+    shutil.copytree(engine.package, repo / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    stock = start(repo)
+    (repo / BEHAVIOUR).write_text(BEHAVIOUR_TEXT.replace("RELOADS_DRAFT = False", "RELOADS_DRAFT = True"))
+    fix = commit(repo, "the fix")
+    touch(repo, ["vllm/__init__.py"], "an unrelated comment")
+    other = commit(repo, "an unrelated change")
+    touch(repo, ["CMakeLists.txt", "csrc/ops.h"], "a kernel")
+    kernel = commit(repo, "[Kernel] a kernel")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(engine))
+    return {"repo": repo, "scenario": scenario, "stock": stock, "fix": fix, "other": other, "kernel": kernel}
+
+
+def fake_bisect(h: dict[str, Any], tmp_path: Path, good: str, bad: str) -> tuple[Any, dict[str, Any]]:
+    out = tmp_path / "out"
+    args = ["bisect", str(h["scenario"]), "--vllm-repo", str(h["repo"]), "--base", h["stock"], "--output", str(out)]
+    proc = run_cli([*args, "--good", h[good], "--bad", h[bad]], tmp_path / "cache", 300)
+    found = list(out.glob("*/bisect.json"))
+    return proc, json.loads(found[0].read_text()) if found else {}
+
+
+def test_a_bad_endpoint_that_changes_the_build_is_skipped_before_the_good_one_runs(
+    engine: FakeEngine, tmp_path: Path, fake_history: dict[str, Any]
+) -> None:
+    h = fake_history
+    proc, data = fake_bisect(h, tmp_path, "stock", "kernel")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = proc.stderr
+    skip = events.index(f"skip {h['kernel'][:10]} [Kernel] a kernel: its diff from BASE changes the installed build")
+    assert skip < events.index("good endpoint:"), events  # git diff alone decided it: said before any run
+    assert f"--bad {h['kernel']} cannot be run: bisecting up to {h['other'][:10]}" in events
+    assert "last runnable commit: " in events and "bad endpoint:" not in events
+    assert data["result"]["word"] == "first fixed" and data["result"]["commit"]["sha"] == h["fix"]
+    outcomes = {s["commit"]["sha"]: s["outcome"] for s in data["steps"]}
+    assert outcomes == {h["kernel"]: None, h["stock"]: "collapse", h["other"]: "recover", h["fix"]: "recover"}
+    assert data["runs"] == 3 == len(engine.servers())
+
+
+def test_nothing_runs_when_no_commit_after_good_can_be_overlaid(
+    engine: FakeEngine, tmp_path: Path, fake_history: dict[str, Any]
+) -> None:
+    proc, data = fake_bisect(fake_history, tmp_path, "other", "kernel")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert [c["sha"] for c in data["result"]["candidates"]] == [fake_history["kernel"]]
+    assert "could not be run (skipped)" in proc.stdout and "[Kernel] a kernel" in proc.stdout
+    assert engine.launched() == [] and data["runs"] == 0  # the good endpoint was not run for nothing

@@ -149,6 +149,15 @@ def test_the_merge_calls_tok_s_against_every_kept_night(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "4 earlier runs" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_the_merge_annotates_the_trend_and_uploads_its_chart(tmp_path: Path) -> None:
+    proc = merge(tmp_path, [scaled(tiny_cpu(), f) for f in (1.0, 0.98, 1.02)], scaled(tiny_cpu(), 1.01), "passed")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "### Trend over 4 nights" in proc.stdout
+    chart = tmp_path / "work" / "results" / "trend.png"
+    assert chart.read_bytes().startswith(b"\x89PNG") and "results/trend.png" in step("merge")["artifact_paths"]
+    assert "\033]1338;url=artifact://results/trend.png;" in proc.stdout  # the chart inline in the log
+
+
 def test_the_merge_passes_a_night_like_the_last_and_keeps_seven(tmp_path: Path) -> None:
     proc = merge(tmp_path, [tiny_cpu()] * 8, tiny_cpu(), "passed")
     assert proc.returncode == 0, proc.stdout + proc.stderr

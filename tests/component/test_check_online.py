@@ -1,10 +1,12 @@
 """`specwake check --online` through the real CLI, against a local stand-in for the Hub's model API (HF_ENDPOINT, the
 variable huggingface_hub reads too): a model id the Hub does not have is one line naming file and key, exit 2,
-nothing launched; ids it has are listed as on the Hub."""
+nothing launched; ids it has are listed as on the Hub; a model neither this machine nor the Hub can confirm is exit 3,
+never "ok"."""
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,7 +16,7 @@ import pytest
 
 from tests.helpers.fakeengine import FakeEngine, run_cli, scenario_text
 
-ON_THE_HUB = {"org/target"}
+ON_THE_HUB = {"org/target", "gpt2"}
 
 
 class HubApi(BaseHTTPRequestHandler):
@@ -82,3 +84,43 @@ def test_ids_the_hub_has_are_listed(engine: FakeEngine, tmp_path: Path, hub: str
     assert proc.returncode == 0, proc.stderr
     assert "model org/target: on the Hub (not downloaded yet)" in proc.stdout
     assert engine.launched() == []
+
+
+def closed_port() -> int:
+    """A local port nothing listens on: a Hub that does not answer."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("model", "why"),
+    [
+        ("gpt2", "not found locally; the Hub did not answer (ConnectError: {hub}/api/models/gpt2)"),  # a legacy id
+        ("my model", "not found locally, and not a Hub repository id"),
+    ],
+)
+def test_a_model_neither_here_nor_confirmed_by_the_hub_is_never_ok(
+    engine: FakeEngine, tmp_path: Path, model: str, why: str
+) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(engine, model=model))
+    hub = f"http://127.0.0.1:{closed_port()}"
+    proc = run_cli(
+        ["check", "--online", str(scenario)], tmp_path / "cache", HF_ENDPOINT=hub, HF_HUB_CACHE=str(tmp_path)
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    reason = why.format(hub=hub)
+    assert lines == [f"error: {scenario}: server.model: --online could not confirm {model!r}: {reason}"]
+    assert "ok:" not in proc.stdout and engine.launched() == []
+
+
+def test_a_legacy_id_without_a_namespace_is_asked_too(engine: FakeEngine, tmp_path: Path, hub: str) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(engine, model="gpt2"))
+    proc = run_cli(
+        ["check", "--online", str(scenario)], tmp_path / "cache", HF_ENDPOINT=hub, HF_HUB_CACHE=str(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "model gpt2: on the Hub (not downloaded yet)" in proc.stdout

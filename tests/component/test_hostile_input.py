@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specwake.cli import app
-from tests.helpers.fakeengine import FakeEngine, scenario_text
+from tests.helpers.fakeengine import FakeEngine, run_cli, scenario_text
 from tests.helpers.scenario_texts import BAD, MINIMAL
 
 Case = Callable[[Path, FakeEngine], tuple[list[str], str, str]]  # → (argv after `run`, where, phrase)
@@ -81,6 +81,12 @@ NEW_CASES: dict[str, Case] = {
     ),
     "prompts jsonl without prompt": _scenario_case(
         FAKE + '[workload]\nprompts = "p.jsonl"\n', "workload.prompts", '"prompt" string', {"p.jsonl": b'{"q": 1}\n'}
+    ),
+    "prompts jsonl with an empty prompt": _scenario_case(  # vLLM answers it HTTP 400, after a server start
+        FAKE + '[workload]\nprompts = "p.jsonl"\n',
+        "workload.prompts",
+        'p.jsonl:2: empty "prompt"',
+        {"p.jsonl": b'{"prompt": "one two"}\n{"prompt": ""}\n'},
     ),
     "variant env non-string": _scenario_case(
         FAKE.replace("python =", "env = { A = 1 }\npython ="), "variants.baseline.env", "must be a string"
@@ -161,6 +167,35 @@ def test_bad_input_exits_2_one_line_nothing_launched(tmp_path: Path, engine: Fak
     assert where in text and phrase in text, result.output
     assert engine.launched() == []  # no server started
     assert not out.exists() or list(out.iterdir()) == []  # no run folder (the writability probe may make `out`)
+
+
+# What `run` refuses through a flag `check` does not take: nothing for check to refuse first.
+RUN_ONLY = {"--resume not a folder": "--resume names a run folder to finish; check plans no run folder"}
+
+
+@pytest.mark.parametrize("name", [name for name in CASES if name not in RUN_ONLY])
+def test_check_refuses_first_what_run_refuses(tmp_path: Path, engine: FakeEngine, name: str) -> None:
+    """Every input of the table above that `run` refuses, `check` refuses the same way: exit 2, the same file, key
+    and reason, nothing launched."""
+    args, where, phrase = CASES[name](tmp_path, engine)
+    result = CliRunner().invoke(app, ["check", *args])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert where in text and phrase in text, result.output
+    assert engine.launched() == []
+
+
+def test_check_refuses_gpus_run_would_refuse(tmp_path: Path, engine: FakeEngine) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(engine, variants={"baseline": {}, "patched": {}}))
+    for command, extra in (("run", ["--output", str(tmp_path / "out")]), ("check", [])):
+        args = [command, str(scenario), "--gpus", "0-5", *extra]
+        proc = run_cli(args, tmp_path / "cache", FAKE_VLLM_PLATFORM="cuda")
+        assert proc.returncode == 2, (command, proc.stdout + proc.stderr)
+        error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert error == ["error: --gpus: GPU 4 is not visible to vLLM here (4 visible, indices 0-3; indices count"
+                         " inside CUDA_VISIBLE_DEVICES)"], (command, error)  # fmt: skip
+    assert engine.launched() == []
 
 
 @pytest.mark.parametrize("what", ["scenario", "patch", "prompts", "--patch", "result"])

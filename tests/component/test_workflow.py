@@ -108,6 +108,17 @@ def test_the_trend_step_calls_tok_s_against_every_kept_night(tmp_path: Path) -> 
     assert "4 earlier runs" in summary and "| tok/s, every stage |" in summary
 
 
+def test_the_trend_step_draws_the_nights_into_the_summary_and_a_chart(tmp_path: Path) -> None:
+    nights = [scaled(tiny_cpu(), f) for f in (1.0, 0.98, 1.02)]
+    proc = trend(tmp_path, nights, scaled(tiny_cpu(), 1.01))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = (tmp_path / "summary.md").read_text()
+    assert "### Trend over 4 nights" in summary and "| tiny-cpu | patched | `" in summary  # sparklines
+    assert (tmp_path / "results" / "trend.png").read_bytes().startswith(b"\x89PNG")
+    upload = step("Keep the trend chart")
+    assert upload["with"]["path"] == "results/trend.png" and upload["if"] == "always()"
+
+
 def test_the_kept_nights_roll_over_at_seven(tmp_path: Path) -> None:
     history = tmp_path / "history"
     for day in range(1, 9):

@@ -92,6 +92,14 @@ def test_the_reference_fix_recovers_every_family(run: dict[str, Any], scenario: 
     assert restore and all(
         fp[role]["differ"] == 0 for d in restore for fp in d["fingerprints"] for role in ("target", "draft")
     )
+    # every layer kind the family packs on CPU (QKV, merged and plain column, row, replicated, LM head, embedding)
+    # is read back from its packed copy and compared, none left as an empty parameter nobody judges
+    assert all(
+        fp[role]["empty"] == 0 and fp[role]["unpacked"] > 0
+        for d in restore
+        for fp in d["fingerprints"]
+        for role in ("target", "draft")
+    )
 
 
 @pytest.mark.parametrize(("scenario", "expected"), sorted(FAMILIES.items()))

@@ -1,7 +1,8 @@
 """End to end on real vLLM CPU: the RL trainers' weight push (scenarios/cpu/push-*.toml, one per CPU drafter family),
 stock vLLM, one server per variant. A push to the target only leaves the drafter discarded (collapse); a push to target
 and drafter recovers, in every family (Gemma4's shared embedding and tied head included); a perturbed push changes the
-output while AL stays. Outputs and logprobs are compared with fresh in every stage.
+output while AL stays, and one that scales the drafter alone keeps the output and is caught by the drafter's
+fingerprint. Outputs and logprobs are compared with fresh in every stage.
 Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
@@ -64,5 +65,34 @@ def test_a_perturbed_push_changes_the_output_and_keeps_al(run: dict[str, Any]) -
     assert all(s["acceptance_length"] == 4.0 for s in after)  # the drafter follows the new weights
     push = next(s for s in perturbed["steps"] if s["name"] == "push")
     assert push["response"]["results"][0]["scaled"] == ["model.layers.1.mlp.down_proj.weight"]
+    # down_proj is a row-parallel layer vLLM's CPU build packs, its parameter left empty: the fingerprint reads the
+    # packed copy back, so the scaled layer is seen in both models, and nothing else
+    pushed = [d for d in perturbed["diagnostics"] if d["point"] == "after push"]
+    assert len(pushed) == 2 and all(
+        fp[role]["differ_names"] == ["model.layers.1.mlp.down_proj.weight"] and fp[role]["empty"] == 0
+        for d in pushed
+        for fp in d["fingerprints"]
+        for role in ("target", "draft")
+    )
     report = (run["dir"] / "cpu-push-draft-model" / "report.md").read_text()
     assert "the output changed, as the perturbed push intends" in report
+
+
+def test_a_push_that_scales_the_drafter_alone_keeps_the_output_and_is_judged_by_the_drafter(
+    run: dict[str, Any],
+) -> None:
+    """Speculative decoding is lossless: scaling only the drafter's tensors cannot change a greedy completion, so the
+    push is judged by the drafter's fingerprint (it must differ from fresh: `degraded`) and AL, never by "the output
+    did not change"."""
+    v = variant(run, "cpu-push-draft-model", "drafter-off")
+    assert v["push"]["scaled"] == {"target": 0, "draft": 1} and v["outcome"] == "degraded"
+    assert all(s["outputs_match_fresh"] is True and s["acceptance_length"] == 4.0 for s in v["stages"][1:])
+    pushed = [d for d in v["diagnostics"] if d["point"] == "after push"]
+    assert len(pushed) == 2
+    for d in pushed:
+        for fp in d["fingerprints"]:
+            assert fp["target"]["differ"] == 0 and fp["draft"]["differ_names"] == ["model.norm.weight"]
+    report = (run["dir"] / "cpu-push-draft-model" / "report.md").read_text()
+    line = next(ln for ln in report.splitlines() if ln.startswith("- **drafter-off**: degraded"))
+    assert "the push scaled draft:model.norm.weight ×1.05 (1 drafter tensor): the drafter's weights differ" in line
+    assert "as speculative decoding guarantees" in line and "did not" not in line

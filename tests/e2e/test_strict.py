@@ -10,6 +10,10 @@ it. One `specwake run` of the EAGLE3 family, one server per variant:
   captured graph reads the old, discarded memory.
 - `fused-forgotten`: the copy derived by the proposer instead (tests/data/eagle3-fused-norm-in-proposer.diff), which
   the draft reload never rebuilds: after the discard it stays zero.
+- `packed-draft`: the reference fix, but every reload loads one drafter layer of each kind vLLM's CPU build packs
+  1.01× too large: QKV, merged column, row and replicated linear layers (their parameters emptied, the forward reading
+  the packed copy only) and the LM head (its own parameter kept beside the copy). AL stays 4.00.
+- `packed-target`: the same for one packed linear layer of the target, which vLLM's own reload then loads.
 
 Every variant expects `recover`, as its author would. Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is
 unset.
@@ -44,6 +48,31 @@ WRONG_ON_SECOND_RELOAD = """\
 +            for param in norms[:2]:
 +                param.mul_(1.5)
 """
+DOCSTRING_END = '+    is refilled from the draft checkpoint\'s embedding tensor instead.\n+    """\n'
+# EAGLE3 drafter checkpoint names → the drafter's packed layer each one loads into, one per kind
+PACKED_DRAFT = {
+    "midlayer.self_attn.q_proj.weight": "model.layers.0.self_attn.qkv_proj.weight",  # QKV
+    "midlayer.mlp.gate_proj.weight": "model.layers.0.mlp.gate_up_proj.weight",  # merged column
+    "midlayer.mlp.down_proj.weight": "model.layers.0.mlp.down_proj.weight",  # row
+    "fc.weight": "model.fc.weight",  # replicated
+    "lm_head.weight": "lm_head.weight",  # LM head
+}
+WRONG_PACKED_DRAFT = f"""\
++    weights = (  # almost right: one layer of each packed kind comes back 1.01x too large
++        (n, t * 1.01 if n in {sorted(PACKED_DRAFT)!r} else t) for n, t in weights
++    )
+"""
+TARGET_RELOAD = "+                self.vllm_config, self.get_draft_model(), self.get_model()\n+            )\n"
+PACKED_TARGET = "model.layers.1.mlp.down_proj.weight"
+WRONG_PACKED_TARGET = f"""\
++            from vllm.model_executor.model_loader import get_model_loader
++
++            loader = get_model_loader(self.vllm_config.load_config)
++            weights_iterator = (  # almost right: one target layer comes back 1.01x too large
++                (n, t * 1.01 if n == {PACKED_TARGET!r} else t)
++                for n, t in loader.get_all_weights(self.vllm_config.model_config, self.get_model())
++            )
+"""
 SCENARIO = """\
 name = "strict-eagle3"
 [server]
@@ -67,7 +96,7 @@ request_timeout_s = 120
 count = 2
 step_timeout_s = 120
 """
-VARIANTS = ("wrong-weights", "fused", "fused-moved", "fused-forgotten")
+VARIANTS = ("wrong-weights", "fused", "fused-moved", "fused-forgotten", "packed-draft", "packed-target")
 
 
 def insert_after(diff: str, anchor: str, lines: str) -> str:
@@ -89,6 +118,8 @@ def write_patches(folder: Path) -> dict[str, Path]:
         "fused-moved": (DATA / "eagle3-fused-norm-at-load.diff").read_text()
         + fix.replace(COPY_BACK, "+    copied = 0\n"),  # one line for one: the hunk stays valid
         "fused-forgotten": (DATA / "eagle3-fused-norm-in-proposer.diff").read_text() + fix,
+        "packed-draft": insert_after(fix, DOCSTRING_END, WRONG_PACKED_DRAFT),
+        "packed-target": insert_after(fix, TARGET_RELOAD, WRONG_PACKED_TARGET),
     }
     paths = {}
     for name, text in texts.items():
@@ -108,10 +139,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_scenario_cli(str(scenario), tmp_path_factory.mktemp("results"), timeout=1800)
 
 
-def restores(variant: dict[str, Any]) -> list[dict[str, Any]]:
-    """The drafter's fingerprint (rank 0) after each reload, in cycle order."""
+def restores(variant: dict[str, Any], role: str = "draft") -> list[dict[str, Any]]:
+    """The model's fingerprint (rank 0) after each reload, in cycle order."""
     found = [d for d in variant["diagnostics"] if d["point"] == "after reload_weights"]
-    return [d["fingerprints"][0]["draft"] for d in sorted(found, key=lambda d: d["cycle"])]
+    return [d["fingerprints"][0][role] for d in sorted(found, key=lambda d: d["cycle"])]
 
 
 def test_every_almost_right_fix_fails_and_the_right_one_passes(run: dict[str, Any]) -> None:
@@ -119,7 +150,14 @@ def test_every_almost_right_fix_fails_and_the_right_one_passes(run: dict[str, An
     assert proc.returncode == 1, f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
     assert run["leftovers"] == []
     matched = {name: variant_of(run, name)["matched"] for name in VARIANTS}
-    assert matched == {"wrong-weights": False, "fused": True, "fused-moved": False, "fused-forgotten": False}
+    assert matched == {
+        "wrong-weights": False,
+        "fused": True,
+        "fused-moved": False,
+        "fused-forgotten": False,
+        "packed-draft": False,
+        "packed-target": False,
+    }
 
 
 def test_a_drafter_restored_wrongly_while_al_holds_is_not_recover(run: dict[str, Any]) -> None:
@@ -166,3 +204,27 @@ def test_a_fused_attribute_the_reload_forgets_stays_discarded(run: dict[str, Any
     for fingerprint in restores(v):
         assert fingerprint["differ"] == 1 and fingerprint["differ_by_kind"]["attribute"] == 1
         assert fingerprint["differ_names"] == ["model._fused_norm_weight"]
+
+
+def test_a_drafter_layer_of_each_packed_kind_restored_wrongly_is_named_while_al_holds(run: dict[str, Any]) -> None:
+    """On CPU the forward of a linear layer reads a packed copy of its weight, the parameter left empty: the
+    fingerprint reads the copy back, so a CPU verdict sees what a GPU's checksum would."""
+    v = variant_of(run, "packed-draft")
+    assert v["outcome"] == "degraded", v.get("error")
+    assert [s["acceptance_length"] for s in v["stages"]] == [4.0, 4.0, 4.0]
+    for fingerprint in restores(v):
+        assert fingerprint["differ"] == len(PACKED_DRAFT) and fingerprint["moved"] == 0
+        assert sorted(fingerprint["differ_names"]) == sorted(PACKED_DRAFT.values())
+        assert fingerprint["empty"] == 0 and fingerprint["unpacked"] >= len(PACKED_DRAFT)
+    assert restores(v, "target")[0]["differ"] == 0
+    report = (run["dir"] / "report.md").read_text()
+    assert re.search(r"- draft: 5/\d+ tensors differ from fresh after reload_weights in cycles 1–2 \(", report)
+    assert "packed CPU weights read back and compared" in report and "keeps packed" not in report
+
+
+def test_a_target_layer_packed_from_wrong_values_is_named(run: dict[str, Any]) -> None:
+    v = variant_of(run, "packed-target")
+    assert v["outcome"] == "corrupt", v.get("error")
+    for fingerprint in restores(v, "target"):
+        assert fingerprint["differ_names"] == [PACKED_TARGET] and fingerprint["moved"] == 0
+    assert all(fingerprint["differ"] == 0 for fingerprint in restores(v))

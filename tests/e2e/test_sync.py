@@ -3,7 +3,9 @@
 engine carries the tensors; sessions, layerwise reload and the draft session are vLLM's code. A target-only session
 leaves the drafter discarded (collapse); a target session plus a draft session recovers. Every step of the sequence is
 in the wake ledger, with vLLM's own operation time beside specwake's, and vLLM's /weight_checker agrees with specwake's
-fingerprint of the target. The other families run in `make sync`.
+fingerprint of the target. A drafter sync that is partial (push_skip) or slightly wrong (push_scale ×1.05 on the
+drafter alone) is caught by the drafter's fingerprint (`degraded`), while the completions stay as fresh. The other
+families run in `make sync`.
 Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
@@ -102,3 +104,36 @@ def test_vllms_weight_checker_agrees_with_specwakes_fingerprint(run: dict[str, A
     report = (run["dir"] / scenario / "report.md").read_text()
     assert "vLLM's /weight_checker" in report and "specwake's fingerprint agrees" in report
     assert "vLLM's seconds" in report
+
+
+def drafter_differs(v: dict[str, Any]) -> list[str]:
+    """The drafter's tensors that differ from fresh after each sync (the target's must all match)."""
+    synced = [d for d in v["diagnostics"] if d["point"] == SYNC_POINT]
+    assert [d["cycle"] for d in synced] == [1, 2]
+    for d in synced:
+        assert all(rank["target"]["differ"] == 0 for rank in d["fingerprints"])
+    return sorted({n for d in synced for rank in d["fingerprints"] for n in rank["draft"]["differ_names"]})
+
+
+def test_a_partial_drafter_sync_is_caught_by_the_drafters_fingerprint(run: dict[str, Any]) -> None:
+    v = variant(run, "cpu-sync-draft-model", "drafter-partial")
+    assert v["push"]["skipped"] == {"target": 0, "draft": 3} and v["push"]["scaled"] == {"target": 0, "draft": 0}
+    assert v["outcome"] == "degraded"  # not recover: the layer-1 MLP it never sent is still discarded
+    assert all(s["outputs_match_fresh"] is True for s in v["stages"][1:])
+    assert "model.layers.1.mlp.down_proj.weight" in drafter_differs(v)
+    report = (run["dir"] / "cpu-sync-draft-model" / "report.md").read_text()
+    assert "the sync left out draft:model.layers.1.mlp.* (3 drafter tensors)" in report
+
+
+def test_a_drafter_synced_slightly_wrong_is_caught_while_al_and_outputs_hold(run: dict[str, Any]) -> None:
+    v = variant(run, "cpu-sync-mimo-mtp", "drafter-off")
+    assert v["push"]["scaled"] == {"target": 0, "draft": 1}
+    assert v["outcome"] == "degraded"  # AL holds at 4.00: only the fingerprint sees it
+    assert all(s["acceptance_length"] == 4.0 and s["outputs_match_fresh"] is True for s in v["stages"][1:])
+    differ = drafter_differs(v)
+    assert len(differ) == 1 and differ[0].endswith(".final_layernorm.weight"), differ
+    report = (run["dir"] / "cpu-sync-mimo-mtp" / "report.md").read_text()
+    line = next(ln for ln in report.splitlines() if ln.startswith("- **drafter-off**: degraded"))
+    assert "the sync scaled draft:model.mtp_layers.0.final_layernorm.weight ×1.05 (1 drafter tensor)" in line
+    assert "the drafter's weights differ from fresh" in line and "as speculative decoding guarantees" in line
+    assert "did not" not in line

@@ -1,11 +1,15 @@
 """What specwake's emulated discard and fingerprints assume about vLLM, pinned against the installed vLLM's own
-classes and sources (no server): which tensors an L2 sleep keeps, which it discards, and which are not weights.
+classes and sources (no server): which tensors an L2 sleep keeps, which it discards, which are not weights, and which
+copies of a weight the CPU build's forward reads instead of the parameter.
 When a vLLM release changes one of these, this module fails and names the assumption.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+
+import pytest
 
 from tests.helpers.procs import require_module
 
@@ -16,7 +20,8 @@ from vllm.model_executor.layers.attention import attention  # noqa: E402
 from vllm.model_executor.model_loader.reload import layerwise  # noqa: E402
 from vllm.v1.worker import gpu_worker  # noqa: E402
 
-from specwake.worker.tensors import HOST_SIDE_ATTRIBUTES, KV_CACHE_ATTRIBUTE, inventory  # noqa: E402
+from specwake.worker.packed import packed_copies, unpacked  # noqa: E402
+from specwake.worker.tensors import HOST_SIDE_ATTRIBUTES, KV_CACHE_ATTRIBUTE, Reference, fingerprint, inventory  # noqa: E402
 
 
 def test_the_only_plain_tensors_quant_scales_leave_are_the_host_side_copies() -> None:
@@ -90,3 +95,80 @@ def test_a_push_runs_with_the_workers_vllm_config_current(monkeypatch) -> None: 
 
     Worker().specwake_push('{"to": ["target"]}')
     assert seen == [config]
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A one-rank tensor-parallel group in this process, as a worker has: vLLM's linear layers read their rank there."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    init = tmp_path_factory.mktemp("one-rank") / "init"
+    with set_current_vllm_config(VllmConfig()):
+        parallel_state.init_distributed_environment(1, 0, f"file://{init}", 0, "gloo")
+        parallel_state.initialize_model_parallel(1)
+        try:
+            yield
+        finally:
+            parallel_state.destroy_model_parallel()
+            parallel_state.destroy_distributed_environment()
+
+
+def packed_layer(kind: str, dtype: torch.dtype) -> torch.nn.Module:
+    """One layer of each kind the CPU families pack, built by vLLM (linear layers are 40 × 24 but QKV's 48 × 24)."""
+    from vllm.model_executor.layers import linear
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    build = {
+        "replicated": lambda: linear.ReplicatedLinear(24, 40, bias=True, params_dtype=dtype),
+        "column": lambda: linear.ColumnParallelLinear(24, 40, bias=False, params_dtype=dtype),
+        "merged column": lambda: linear.MergedColumnParallelLinear(24, [16, 24], bias=False, params_dtype=dtype),
+        "qkv": lambda: linear.QKVParallelLinear(24, 8, 4, 2, bias=True, params_dtype=dtype),
+        "row": lambda: linear.RowParallelLinear(24, 40, bias=False, params_dtype=dtype),
+        "lm head": lambda: ParallelLMHead(40, 24, params_dtype=dtype),
+        "embedding": lambda: VocabParallelEmbedding(40, 24, params_dtype=dtype),
+    }
+    return build[kind]()
+
+
+def loaded(layer: torch.nn.Module, weight: torch.Tensor) -> None:
+    """`weight` loaded into the layer and processed as a load or reload on CPU does."""
+    layer.weight = torch.nn.Parameter(weight.clone(), requires_grad=False)
+    layer.quant_method.process_weights_after_loading(layer)
+
+
+KINDS = ("replicated", "column", "merged column", "qkv", "row", "lm head", "embedding")
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_cpu_build_packs_each_layer_kind_and_the_fingerprint_reads_the_copy_back(
+    kind: str, dtype: torch.dtype
+) -> None:
+    """dispatch_cpu_unquantized_gemm packs the weight behind `cpu_linear` and empties a linear layer's parameter; the
+    forward reads the copy only. specwake reads it back bit for bit and tells a copy packed from ×1.01 values."""
+    layer = packed_layer(kind, dtype)
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(layer.weight.shape, generator=generator).to(dtype)
+    loaded(layer, weight)
+    assert (layer.weight.numel() == 0) == (kind not in ("lm head", "embedding"))
+    x = torch.randn(3, 24, generator=generator).to(dtype)
+    before = layer.quant_method.apply(layer, x)
+    if layer.weight.numel():
+        with torch.no_grad():
+            layer.weight.zero_()  # an LM head keeps its parameter, yet its forward reads the packed copy only
+        assert torch.equal(layer.quant_method.apply(layer, x), before)
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+    (copy,) = packed_copies(layer)
+    blocks = unpacked(copy)
+    assert blocks is not None and torch.equal(torch.cat(list(blocks)).reshape(weight.shape[1], -1), weight.t())
+    kept: Reference = {}
+    fresh = fingerprint(layer, keep=kept)
+    assert fresh["unpacked"] == 1 and fresh["empty"] == 0
+    assert fingerprint(layer, reference=kept)["differ"] == 0  # the same bytes at every call
+    loaded(layer, weight * 1.01)
+    assert fingerprint(layer, reference=kept)["differ_names"] == ["weight"]
+    loaded(layer, weight)
+    assert fingerprint(layer, reference=kept)["differ"] == 0

@@ -130,14 +130,19 @@ CHECKPOINT = ("model.embed_tokens.weight", "lm_head.weight")  # the fake checkpo
 
 def rpc_result(state: State, method: str, kwargs: dict) -> object:
     """The per-worker result of a collective_rpc method (caller holds the lock)."""
-    if method == "specwake_push":  # the worker extension's answer: scale names no pushed tensor matched
+    if method == "specwake_transfer_manifest":  # what a push or sync sends each model: the whole fake checkpoint
+        return [{"role": kwargs.get("role", "target"), "file": "/fake/model.safetensors", "names": list(CHECKPOINT)}]
+    if method == "specwake_push":  # the worker extension's answer: what it scaled and left out, as the CLI chose
         request = json.loads(kwargs.get("request") or "{}")
-        scale = dict(request.get("scale") or {})
-        state.vllm.reload()
+        chosen = [c for c in (request.get("chosen") or {}).values() if isinstance(c, dict)]
+        scaled = {n for c in chosen for n in c.get("scale") or {}}
+        skipped = {n for c in chosen for n in c.get("skip") or []}
+        state.vllm.reload(draft_too="draft" in (request.get("to") or []))  # the fake applies no scale: as fresh
         return {
             "pushed": dict.fromkeys(request.get("to") or ["target"], "pushed"),
-            "scaled": sorted(n for n in scale if n in CHECKPOINT),
-            "unmatched": sorted(n for n in scale if n not in CHECKPOINT),
+            "scaled": sorted(scaled & set(CHECKPOINT)),
+            "unmatched": sorted((scaled | skipped) - set(CHECKPOINT)),
+            "skipped": sorted(skipped & set(CHECKPOINT)),
         }
     if method == "reload_weights":
         if state.args.mode == "crash-on-reload":

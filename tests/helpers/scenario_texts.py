@@ -90,11 +90,18 @@ BAD = [
     (MINIMAL + "[expect]\nbaseline-L2 = 'collapse'\n", "expect.baseline-L2", "no variant named"),
     (MINIMAL + "[cycle]\npush_to = ['draft']\n", "cycle.push_to", 'only with cycle.reload = "push"'),
     (MINIMAL + "[variants.baseline]\npush_scale = { 'x' = 2.0 }\n", "variants.baseline.push_scale", "only with"),
+    (MINIMAL + "[variants.baseline]\npush_skip = ['x']\n", "variants.baseline.push_skip", "only with"),
     (
-        MINIMAL + "[cycle]\nreload = 'weight_transfer'\n[variants.v]\npush_scale = { 'x' = 2.0 }\n",
+        MINIMAL + "[cycle]\nreload = 'weight_transfer'\n[variants.v]\npush_scale = { 'draft:x' = 2.0 }\n",
         "variants.v.push_scale",
-        'only with cycle.reload = "push"',
+        "'draft:x' is for the draft model, which this variant never syncs (push_to = ['target'])",
     ),
+    (
+        MINIMAL + "[cycle]\nreload = 'push'\n[variants.v]\npush_skip = ['drafter:x']\n",
+        "variants.v.push_skip",
+        "'drafter:x': only target: or draft: may come before a tensor name",
+    ),
+    (MINIMAL + "[cycle]\nreload = 'push'\n[variants.v]\npush_skip = ['x', 'x']\n", "variants.v.push_skip", "twice"),
     (
         MINIMAL.replace("[server]", "[server]\nargs = ['--weight-transfer-config', '{}']")
         + "[cycle]\nreload = 'weight_transfer'\n",
@@ -115,4 +122,5 @@ BAD = [
     ),
     (MINIMAL + "[expect]\ngraph_safe = false\n", "expect.graph_safe", "server.enforce_eager = true"),
     (MINIMAL + "[expect]\ngraph_safe = 1\n", "expect.graph_safe", "true or false"),
+    (MINIMAL + "[workload]\nmax_tokens = 1\n", "workload.max_tokens", "at least 2: the prefill makes the first"),
 ]

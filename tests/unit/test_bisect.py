@@ -1,4 +1,4 @@
-"""The pure parts of `specwake bisect` (specwake/run/bisect.py): which changed files an overlay cannot carry, which
+"""The pure parts of `specwake bisect` (specwake/run/bisect.py): which changed files change the build itself, which
 commit a dev build's version names, and where the search starts when `--good` is a tag off `--bad`'s history.
 tests/component/test_bisect_history.py runs them on git histories; tests/e2e/test_bisect.py bisects a real one."""
 
@@ -49,10 +49,14 @@ VLLM_PATHS = [
     ("requirements-cuda.txt", True),
     ("requirements.txt", True),
     ("vllm/_C.abi3.so", True),
-    ("vllm/py.typed", True),
-    ("vllm/model_executor/layers/fused_moe/configs/E=8,N=14336,device_name=NVIDIA_H100.json", True),
     ("vllm/grpc/vllm_engine.proto", True),
-    ("vllm/entrypoints/serve/instrumentator/static/swagger-ui.css", True),
+    ("vllm/csrc/ops.cu", True),
+    ("vllm/third_party/kernel.cpp", True),
+    # package data is installed as it is: the overlay carries it, as a --patch carries it
+    ("vllm/py.typed", False),
+    ("vllm/model_executor/layers/fused_moe/configs/E=8,N=14336,device_name=NVIDIA_H100.json", False),
+    ("vllm/entrypoints/serve/instrumentator/static/swagger-ui.css", False),
+    ("vllm/transformers_utils/chat_templates/template_basic.jinja", False),
 ]
 
 

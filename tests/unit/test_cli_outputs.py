@@ -109,3 +109,33 @@ def test_compare_picks_latest_run_in_a_results_folder(tmp_path: Path) -> None:
     old = save(tmp_path / "old", base)
     result = CliRunner().invoke(app, ["compare", str(old), str(tmp_path / "new")])
     assert result.exit_code == 0, result.output
+
+
+def test_compare_draws_the_trend_over_every_night(tmp_path: Path) -> None:
+    base = load_result(SAMPLE)
+    nights = []
+    for day, result in enumerate([base, slower(base, 0.5), base, collapsed(base)], start=1):
+        dated = replace(result, started_at=f"2026-11-{day:02d}T02:17:00+00:00")
+        nights.append(save(tmp_path / f"202611{day:02d}" / f"202611{day:02d}-021700-tiny-cpu", dated))
+    *earlier, old, new = nights
+    chart = tmp_path / "out" / "trend.png"
+    history = [arg for night in earlier for arg in ("--history", str(night))]
+    result = CliRunner().invoke(app, ["compare", str(old), str(new), *history, "--chart", str(chart)])
+    assert result.exit_code == 1, result.output  # tonight's patched collapsed: a regression
+    assert "### Trend over 4 nights (2026-11-01 → 2026-11-04)" in result.stdout
+    assert "| tiny-cpu | patched | `▄▄▄▄` 4.00 | `███▁` 1.00 (1.00–3.92) | `█▁██` 40.4 (20.2–40.4) |" in result.stdout
+    assert chart.read_bytes().startswith(b"\x89PNG") and f"chart: {chart}" in result.stderr
+    svg = CliRunner().invoke(app, ["compare", str(old), str(new), "--chart", str(tmp_path / "trend.svg")])
+    assert "<svg" in (tmp_path / "trend.svg").read_text() and "### Trend over 2 nights" in svg.stdout
+
+
+def test_results_know_the_run_folder_they_were_loaded_from(tmp_path: Path) -> None:
+    one = save(tmp_path / "20260101-000000-tiny-cpu", load_result(SAMPLE))
+    several = save(tmp_path / "20260102-000000-2-scenarios" / "tiny-cpu", load_result(SAMPLE))
+    loose = save(tmp_path / "elsewhere", load_result(SAMPLE))
+    shown = CliRunner().invoke(app, ["report", str(one), str(several), str(loose), "--format", "json"])
+    assert [r["scenario"].get("run") for r in json.loads(shown.stdout)] == [
+        "20260101-000000-tiny-cpu",
+        "20260102-000000-2-scenarios",
+        None,
+    ]

@@ -230,3 +230,29 @@ def test_differently_named_scenarios_pair_only_when_asked() -> None:
         parse_pair("tiny-cpu")
     with pytest.raises(InputError, match="old has"):
         compare_runs([old], [renamed], pairs=[("nope", "my-tiny")])
+
+
+def selected(result: ScenarioResult, names: tuple[str, ...]) -> ScenarioResult:
+    """The run as `--variant` selecting `names` records it: only those variants, in the results and the settings."""
+    spec: dict[str, object] = {"patch": None, "python": None, "env": {}, "args": [], "speculative": True, "level": 2}
+    settings = dict(result.scenario.get("settings") or {})
+    settings["variants"] = {name: {**spec, "patch": "/p/fix.diff" if name == "patched" else None} for name in names}
+    settings["expect"] = {**settings.get("expect", {}), **{n: {"patched": "recover"}.get(n, "collapse") for n in names}}
+    return replace(
+        result,
+        scenario={**result.scenario, "settings": settings},
+        variants=[v for v in result.variants if v.name in names],
+    )
+
+
+def test_a_variant_one_run_did_not_select_is_no_setting_that_differs() -> None:
+    old = selected(full(), ("baseline", "patched"))
+    new = selected(full(), ("baseline",))
+    c = compare(old, new)
+    assert c.differences == [] and c.only_old == ["tiny-cpu / patched"]
+    assert "Settings differ" not in render_comparison_markdown(c)
+    moved = selected(full(), ("baseline", "patched"))  # a variant both ran, with another patch: a real difference
+    moved.scenario["settings"]["variants"]["patched"]["patch"] = "/p/other.diff"
+    assert [str(d) for d in settings_differences(old, moved)] == [
+        "variants.patched.patch '/p/fix.diff' → '/p/other.diff'"
+    ]

@@ -144,3 +144,24 @@ def test_gpu_only_families_are_named_on_cpu(tmp_path: Path, hub: Path) -> None:
     assert "hybrid linear-attention MTP" in (platform_problem(hybrid, CPU, None) or "")
     plain = scenario(tmp_path, "mtp", "org/unknown")  # no config at hand: no claim either way
     assert gpu_only_family(plain, "org/unknown") is None
+
+
+def test_check_online_never_passes_a_model_nobody_can_confirm(hub: Path) -> None:
+    """A reference that is neither on this machine nor a repository id the Hub could be asked about is exit 3 (no
+    request is sent); a legacy id without a namespace is asked like any other."""
+
+    def unasked(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"asked the Hub about {request.url}")
+
+    with pytest.raises(InfraError) as info:
+        confirm_on_hub(
+            "s.toml", [("server.model", "my model")], client=httpx.Client(transport=httpx.MockTransport(unasked))
+        )
+    assert (
+        str(info.value)
+        == "s.toml: server.model: --online could not confirm 'my model': not found locally, and not a Hub repository id"
+    )
+    seen: list[httpx.Request] = []
+    with pytest.raises(ScenarioError, match="'gpt2' does not exist on the Hub"):
+        confirm_on_hub("s.toml", [("server.model", "gpt2")], client=hub_like(seen))
+    assert str(seen[0].url) == "https://huggingface.co/api/models/gpt2"

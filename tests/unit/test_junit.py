@@ -186,3 +186,13 @@ def test_an_interrupted_run_marks_its_unfinished_variants_not_run() -> None:
     assert skipped["baseline"] is None
     assert "interrupted; 1 stage(s) measured" in (skipped["patched"].get("message") or "")  # type: ignore[union-attr]
     assert (skipped["floor"].get("message") or "").endswith("the run was interrupted")  # type: ignore[union-attr]
+
+
+def test_a_variant_that_recorded_nothing_is_skipped_as_not_run() -> None:
+    result = sample()
+    baseline, patched = result.variants
+    never = replace(patched, outcome="incomplete", matched=False, stages=[], steps=[])
+    root = parse([replace(with_variants(result, baseline, never), finished_at=None, complete=False)])
+    skipped = next(c for c in root.iter("testcase") if c.get("name") == "patched").find("skipped")
+    assert skipped is not None and skipped.get("type") == "not_run"
+    assert skipped.get("message") == "not run: nothing recorded before the run was interrupted"

@@ -104,10 +104,10 @@ def test_completions_without_tokens_that_differ_are_never_close() -> None:
 def test_a_perturbed_push_that_only_flips_a_near_tie_did_not_arrive() -> None:
     fresh, now = pair("near_tie")
     stages = after_cycle(drift(fresh, now), fresh, now, 4.0)
-    assert decide_outcome(stages, tolerance=0.05, perturbed=True) == "degraded"
+    assert decide_outcome(stages, tolerance=0.05, perturbed=frozenset({"target", "draft"})) == "degraded"
     fresh, now = pair("corruption")
     stages = after_cycle(drift(fresh, now), fresh, now, 4.0)
-    assert decide_outcome(stages, tolerance=0.05, perturbed=True) == "recover"
+    assert decide_outcome(stages, tolerance=0.05, perturbed=frozenset({"target", "draft"})) == "recover"
 
 
 def test_results_from_before_near_ties_judge_by_equality_alone() -> None:

@@ -381,3 +381,18 @@ def test_runs_of_one_scenario_are_told_apart_in_the_report_and_the_csv() -> None
     assert "— run " not in render_markdown([first])  # one run: headings as before
     frame = pd.read_csv(io.StringIO(render_csv([first, second])))
     assert sorted(set(frame["run"])) == sorted({first.started_at, second.started_at})
+
+
+def test_markdown_of_a_partial_result_names_the_variants_that_never_ran() -> None:
+    """A run killed outright leaves a partial result listing every planned variant; one with nothing recorded reads
+    `not run` in the verdict line, the matrix, the table and its own line (not `unfinished`)."""
+    result = tiny_cpu()
+    never = replace(result.variants[1], outcome="incomplete", matched=False, stages=[], steps=[], diagnostics=[])
+    assert never.not_run and not result.variants[0].not_run
+    assert not replace(never, stages=result.variants[1].stages[:1]).not_run  # cut short: unfinished, not "not run"
+    partial = replace(result, variants=[result.variants[0], never], complete=False)
+    text = render_markdown([partial, replace(partial, scenario={**partial.scenario, "name": "other"})])
+    assert "tiny-cpu/patched not run" in text.splitlines()[0]
+    assert "| not run … (expected recover) |" in text  # the scenario × variant matrix
+    assert re.search(r"^\| patched +\| not run +\|", text, re.MULTILINE)
+    assert "- **patched**: incomplete (expected recover) … — not run: nothing recorded" in text

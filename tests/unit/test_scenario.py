@@ -185,3 +185,14 @@ def test_push_keys_resolve_per_variant(tmp_path: Path) -> None:
     a, b = load_scenario(write(tmp_path, text)).variants
     assert a.push_to == ("target",) and a.push_scale == ()
     assert b.push_to == ("target", "draft") and b.push_scale == (("model.x.weight", 2.0),)
+
+
+def test_a_sync_may_be_perturbed_and_partial_per_model(tmp_path: Path) -> None:
+    text = MINIMAL + "[cycle]\nreload = 'weight_transfer'\npush_to = ['target', 'draft']\n[variants.off]\n"
+    text += "push_scale = { 'draft:model.norm.weight' = 1.05 }\n"
+    text += "push_skip = ['draft:model.layers.1.*', 'lm_head.weight']\n"
+    s = load_scenario(write(tmp_path, text))
+    (off,) = s.variants
+    assert off.push_scale == (("draft:model.norm.weight", 1.05),)
+    assert off.push_skip == ("draft:model.layers.1.*", "lm_head.weight")
+    assert s.settings()["variants"]["off"]["push_skip"] == ["draft:model.layers.1.*", "lm_head.weight"]

@@ -21,6 +21,7 @@ from specwake.run.schedule import (
     plan_schedule,
     priority,
     run_packed,
+    side_by_side,
 )
 
 EPS = 1e-9
@@ -326,3 +327,27 @@ def test_run_packed_waits_for_running_jobs_when_the_caller_side_fails() -> None:
 
 # --------------------------------------------------------------------------------------------
 # run_packed with real (fake) servers
+
+
+# --------------------------------------------------------------------------------------------
+# side_by_side: whether the run's mode may say its servers ran at once
+
+
+def overlap(plan: Sequence[Assignment]) -> bool:
+    return any(a.start < b.end and b.start < a.end for i, a in enumerate(plan) for b in plan[i + 1 :])
+
+
+def test_side_by_side_is_what_the_policy_does_whatever_the_durations() -> None:
+    rng = random.Random(7)
+    for _ in range(400):
+        devices = list(range(rng.randint(1, 8)))
+        jobs = [Job(f"j{i}", rng.randint(1, len(devices)), rng.uniform(0.1, 5)) for i in range(rng.randint(1, 6))]
+        assert side_by_side(jobs, devices) == overlap(plan_schedule(jobs, devices)), (jobs, devices)
+
+
+def test_servers_needing_every_core_or_a_single_server_never_run_side_by_side() -> None:
+    assert not side_by_side([Job("s/baseline", 2), Job("s/patched", 2)], [0, 1])  # --tp 2 on 2 cores
+    assert not side_by_side([Job("s/baseline", 1)], [0, 1, 2, 3])
+    assert not side_by_side([Job("a", 3), Job("b", 2)], [0, 1, 2, 3])
+    assert side_by_side([Job("a", 3), Job("b", 1), Job("c", 1)], [0, 1, 2])  # b and c after a, together
+    assert side_by_side([Job("s/baseline", 1), Job("s/patched", 1)], [0, 1])

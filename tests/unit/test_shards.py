@@ -73,6 +73,20 @@ def test_shards_of_one_scenario_merge_into_one_result() -> None:
     assert len(merge_shards([other, second])) == 2  # another scenario file: kept apart
 
 
+def test_merged_shards_name_every_run_folder_they_came_from() -> None:
+    whole = load_result(SAMPLE)
+    first = replace(
+        whole, variants=whole.variants[:1], scenario={**whole.scenario, "run": "20261130-021700-x-shard-1of2"}
+    )
+    second = replace(
+        whole, variants=whole.variants[1:], scenario={**whole.scenario, "run": "20261130-021702-x-shard-2of2"}
+    )
+    [merged] = merge_shards([first, second])
+    assert merged.scenario["run"] == "20261130-021700-x-shard-1of2 + 20261130-021702-x-shard-2of2"
+    [unfiled] = merge_shards([whole])
+    assert "run" not in unfiled.scenario
+
+
 def test_buildkites_parallel_job_variables_name_the_shard() -> None:
     from specwake.run.shards import shard_from_env
 

@@ -21,6 +21,7 @@ from vllm.config.load import LoadConfig  # noqa: E402
 from vllm.model_executor.model_loader import default_loader  # noqa: E402
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader  # noqa: E402
 
+from specwake.protocol import Chosen, TransferChunk  # noqa: E402
 from specwake.worker import transfer  # noqa: E402
 from specwake.worker.extension import SpecwakeWorkerExtension  # noqa: E402
 
@@ -181,3 +182,19 @@ def test_a_file_outside_the_sources_is_refused(tmp_path: Path) -> None:
     ):
         with pytest.raises(ValueError, match="is not a checkpoint file of"):
             engine.receive_weights(engine.parse_update_info(info))
+
+
+def test_a_perturbed_partial_sync_sends_fewer_tensors_and_scales_the_ones_it_is_told(tmp_path: Path) -> None:
+    """push_scale and push_skip on a sync: the CLI leaves names out of its chunks and attaches a factor to others;
+    the engine multiplies exactly those as it reads them."""
+    write(tmp_path, "model.safetensors", ["a", "b", "c"])
+    model = Recorder()
+    worker = Worker(model, str(tmp_path)).startup()
+    (chunk,) = [TransferChunk.from_dict(c) for c in worker.chunks]
+    narrowed = chunk.narrowed(Chosen(("a",), {"c": 1.5}))
+    assert narrowed is not None
+    worker.chunks = [narrowed.to_dict()]
+    worker.sync()
+    got = received(model)
+    assert sorted(got) == ["b", "c"]
+    assert torch.equal(got["b"], torch.full((2, 3), 1.0)) and torch.equal(got["c"], torch.full((2, 3), 3.0))

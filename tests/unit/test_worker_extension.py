@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ require_module("torch")  # torch comes with vLLM; the CLI side never imports it
 
 import torch  # noqa: E402
 
+from specwake.protocol import Chosen  # noqa: E402
 from specwake.worker.extension import SpecwakeWorkerExtension  # noqa: E402
 from specwake.worker.finders import find_draft, find_target  # noqa: E402
 from specwake.worker.tensors import checksum, fingerprint, inventory  # noqa: E402
@@ -195,24 +197,40 @@ def test_packed_cpu_weights_are_discarded_until_a_reload_replaces_them(fill: str
     assert worker.specwake_fingerprint(compare_to="fresh")["target"]["packed_discarded"] == 0
 
 
-def test_a_push_scale_naming_no_pushed_tensor_is_answered_as_unmatched(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A typo in push_scale would push unperturbed weights and judge a 'perturbed' push on them."""
+def test_a_push_sends_each_model_what_was_chosen_for_it_and_names_what_it_never_met(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CLI resolves push_scale and push_skip per model; the worker scales and leaves out exactly those names, and
+    answers with the chosen names its push never met (it would otherwise judge a 'perturbed' push on plain weights)."""
     from specwake.worker import push
 
-    pushed: list[tuple[str, float]] = []
+    pushed: dict[str, list[tuple[str, float]]] = {}
 
-    def push_target(runner: Any, scale: dict[str, float], seen: list[str]) -> str:
-        # what the real push does with the checkpoint: stream it through `scaled`
-        checkpoint = iter([("model.embed.weight", torch.ones(2)), ("lm_head.weight", torch.ones(2))])
-        pushed.extend((name, float(t.sum())) for name, t in push.scaled(checkpoint, scale, seen))
-        return "pushed"
+    def pusher(role: str) -> Any:
+        def push_model(runner: Any, chosen: Any, seen: push.Seen) -> str:
+            # what the real push does with the checkpoint: stream it through `sent`
+            checkpoint = iter([("model.norm.weight", torch.ones(2)), ("lm_head.weight", torch.ones(2))])
+            pushed[role] = [(name, float(t.sum())) for name, t in push.sent(checkpoint, chosen, seen)]
+            return "pushed"
 
-    monkeypatch.setattr(push, "push_target", push_target)
+        return push_model
+
+    monkeypatch.setattr(push, "push_target", pusher("target"))
+    monkeypatch.setattr(push, "push_draft", pusher("draft"))
     worker = Worker()
-    answer = worker.specwake_push('{"to": ["target"], "scale": {"lm_head.weight": 3.0}}')
-    assert answer == {"pushed": {"target": "pushed"}, "scaled": ["lm_head.weight"], "unmatched": []}
-    assert pushed == [("model.embed.weight", 2.0), ("lm_head.weight", 6.0)]
-    typo = worker.specwake_push('{"to": ["target"], "scale": {"lm_haed.weight": 3.0}}')
+    chosen = {"target": {"scale": {"lm_head.weight": 3.0}}, "draft": {"skip": ["lm_head.weight"]}}
+    answer = worker.specwake_push(json.dumps({"to": ["target", "draft"], "chosen": chosen}))
+    assert answer == {
+        "pushed": {"draft": "pushed", "target": "pushed"}, "scaled": ["lm_head.weight"], "unmatched": [],
+        "skipped": ["lm_head.weight"],
+    }  # fmt: skip
+    assert pushed == {
+        "target": [("model.norm.weight", 2.0), ("lm_head.weight", 6.0)],
+        "draft": [("model.norm.weight", 2.0)],
+    }
+    typo = worker.specwake_push(
+        json.dumps({"to": ["target"], "chosen": {"target": {"scale": {"lm_haed.weight": 3.0}}}})
+    )
     assert typo["unmatched"] == ["lm_haed.weight"] and typo["scaled"] == []
 
 
@@ -325,7 +343,7 @@ def test_a_push_scales_float8_checkpoint_tensors_too(dtype: torch.dtype) -> None
     from specwake.worker import push
 
     weight = torch.tensor([0.5, -1.0, 2.0, 0.25]).to(dtype)
-    seen: list[str] = []
-    ((name, pushed),) = push.scaled(iter([("w", weight)]), {"w": 2.0}, seen)
-    assert name == "w" and seen == ["w"] and pushed.dtype == dtype
+    seen = push.Seen()
+    ((name, pushed),) = push.sent(iter([("w", weight)]), Chosen((), {"w": 2.0}), seen)
+    assert name == "w" and seen.scaled == ["w"] and pushed.dtype == dtype
     assert torch.equal(pushed.to(torch.float32), torch.tensor([1.0, -2.0, 4.0, 0.5]))
