@@ -1,7 +1,10 @@
 """Time to verdict: the same scenarios run in two modes, alternating A/B/A/B in one invocation, with wall-time
 ratios and their spread, the CPU work each mode did (machine-wide busy core-seconds) and what that allows,
 verdict agreement, tok/s interval widths, and where each server's startup
-went (read from the timestamps of its log). Prints figures; asserts nothing.
+went (read from the timestamps of its log). After every run, its floor: the same servers (the argv, environment
+and cores its result.json recorded), started as the run started them (side by side, or one at a time under
+--sequential), waited on until ready and stopped, with no cycle and no measurement; the report prints each mode's
+wall time over this startup floor beside B/A. Prints figures; asserts nothing.
 
     .venv/bin/python benchmarks/bench_time_to_verdict.py [--pairs 2] SCENARIO...
     # A = --sequential (one server at a time), B = the CPU default (side by side, measurements alone)
@@ -31,8 +34,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from specwake.judge.stats import summarize
+from specwake.prepare.plan import ENV_ALLOW, ENV_ALLOW_PREFIXES
+from specwake.run.server import Server, ServerSpec, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "bench-time-to-verdict"
@@ -80,6 +86,8 @@ class Run:
     outcomes: dict[str, str] = field(default_factory=dict)  # scenario/variant → outcome
     widths: list[float] = field(default_factory=list)  # relative tok/s interval width per measured stage
     startup: list[dict[str, float]] = field(default_factory=list)  # per server: segment → seconds
+    servers: list[ServerSpec] = field(default_factory=list)  # the run's servers, as its results recorded them
+    floor: float | None = None  # wall time of the same servers started, made ready and stopped, nothing else
 
 
 def startup_breakdown(log: Path, startup_s: float) -> dict[str, float] | None:
@@ -112,7 +120,7 @@ def startup_breakdown(log: Path, startup_s: float) -> dict[str, float] | None:
     return segments
 
 
-def read_run(out: Path, run: Run) -> None:
+def read_run(out: Path, run: Run, base_env: dict[str, str]) -> None:
     for path in sorted(out.glob("**/result.json")):
         result = json.loads(path.read_text())
         for variant in result["variants"]:
@@ -121,12 +129,50 @@ def read_run(out: Path, run: Run) -> None:
                 s = summarize(stage["tok_s"])
                 if s.median and s.ci_low is not None and s.ci_high is not None:
                     run.widths.append((s.ci_high - s.ci_low) / s.median)
+            run.servers += [spec] if (spec := recorded_server(variant, base_env, out / "floor")) else []
             log = variant.get("log_path")
             startup = variant.get("info", {}).get("timings", {}).get("startup")
             if log and startup and Path(log).is_file():
                 breakdown = startup_breakdown(Path(log), startup)
                 if breakdown:
                     run.startup.append(breakdown)
+
+
+def recorded_server(variant: dict[str, Any], base_env: dict[str, str], logs: Path) -> ServerSpec | None:
+    """The server a variant ran (argv, specwake's additions to the allow-listed part of `base_env`, the environment
+    specwake ran in, cores), on a new port; None when the result recorded no command (it never started one)."""
+    argv = list(variant.get("command") or [])
+    if "--port" not in argv:
+        return None
+    argv[argv.index("--port") + 1] = "0"  # a free port is picked when the floor starts it
+    env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
+    env.update(variant.get("env") or {})
+    cores = tuple(variant.get("info", {}).get("cores") or ())
+    return ServerSpec(argv, env, 0, logs / f"{variant['name']}.log", startup_timeout_s=900.0, cpus=cores)
+
+
+def on_free_port(spec: ServerSpec) -> Server:
+    port = free_port()
+    argv = list(spec.argv)
+    argv[argv.index("--port") + 1] = str(port)
+    return Server(ServerSpec(argv, spec.env, port, spec.log_path, spec.startup_timeout_s, cpus=spec.cpus))
+
+
+def floor_seconds(specs: Sequence[ServerSpec], side_by_side: bool) -> float:
+    """Wall time to start `specs` (all at once, or one after another), wait until each is ready, and stop them."""
+    started = time.monotonic()
+    batches = [list(specs)] if side_by_side else [[spec] for spec in specs]
+    for batch in batches:
+        servers = [on_free_port(spec) for spec in batch]
+        try:
+            for server in servers:
+                server.start()
+            for server in servers:
+                server.wait_ready()
+        finally:
+            for server in servers:
+                server.stop()
+    return time.monotonic() - started
 
 
 def busy_seconds() -> float:
@@ -153,9 +199,11 @@ def one_run(pair: int, mode: str, scenarios: Sequence[str], flags: list[str], en
     )  # fmt: skip
     wall = time.monotonic() - started
     run = Run(pair, mode, wall, busy_seconds() - before, proc.returncode)
-    read_run(out, run)
+    read_run(out, run, {**os.environ, **env})
     if not run.outcomes:
         print(f"  {mode}{pair}: no result (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+    elif run.servers:
+        run.floor = floor_seconds(run.servers, side_by_side="--sequential" not in flags)
     return run
 
 
@@ -168,11 +216,12 @@ def spread(values: Sequence[float]) -> str:
 
 
 def report(runs: list[Run], labels: dict[str, str]) -> None:
-    print("\n| pair | mode | wall s | busy core-s | exit | outcomes |")
-    print("| ---: | --- | ---: | ---: | ---: | --- |")
+    print("\n| pair | mode | wall s | startup floor s | wall / floor | busy core-s | exit | outcomes |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in runs:
         outcomes = ", ".join(f"{k}={v}" for k, v in sorted(r.outcomes.items()))
-        print(f"| {r.pair} | {r.mode} | {r.wall:.1f} | {r.cpu:.1f} | {r.exit_code} | {outcomes} |")
+        floor = f"{r.floor:.1f} | {r.wall / r.floor:.2f}" if r.floor else "n/a | n/a"
+        print(f"| {r.pair} | {r.mode} | {r.wall:.1f} | {floor} | {r.cpu:.1f} | {r.exit_code} | {outcomes} |")
     by = {mode: [r for r in runs if r.mode == mode] for mode in ("A", "B")}
     ratios = [b.wall / a.wall for a, b in zip(by["A"], by["B"], strict=False)]
     print(f"\nA = {labels['A']}\nB = {labels['B']}")
@@ -181,7 +230,10 @@ def report(runs: list[Run], labels: dict[str, str]) -> None:
         cpus = [r.cpu for r in by[mode]]
         print(f"{mode}: wall s {spread(walls)}; busy core-s {spread(cpus)}")
     print(f"wall B/A per pair: {spread(ratios)}")
-    # However B schedules its servers, it cannot finish before its CPU work is done on every core at once.
+    for mode in ("A", "B"):  # how close each mode comes to the cost of starting its servers and nothing else
+        print(f"{mode}: wall / startup floor per run: {spread([r.wall / r.floor for r in by[mode] if r.floor])}")
+    # However B schedules its servers, it cannot finish before its CPU work is done on every core at once (a CPU-work
+    # floor, not the startup floor above).
     cores = os.cpu_count() or 1
     floors = [b.cpu / cores / a.wall for a, b in zip(by["A"], by["B"], strict=False)]
     print(f"B/A floor per pair (B's busy core-s / {cores} cores / A's wall): {spread(floors)}")
