@@ -5,10 +5,13 @@ boot and the pid namespace). Standard library only: the server watchdog (lifelin
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 PROC = Path("/proc")
 STRAGGLER_TIMEOUT_S = 5.0  # after SIGKILL, how long a group's processes get to vanish
@@ -79,6 +82,8 @@ def end_group(pgid: int, grace_s: float, poll_s: float = 0.05) -> list[int]:
     deadline = time.monotonic() + grace_s
     while live_group_members(pgid) and time.monotonic() < deadline:
         time.sleep(poll_s)
+    if grace_s > 0 and live_group_members(pgid):
+        log.warning("server group %d ignored SIGTERM for %.1f s; killing", pgid, grace_s)
     deadline = time.monotonic() + STRAGGLER_TIMEOUT_S
     while True:
         survivors = live_group_members(pgid)

@@ -20,7 +20,7 @@ import httpx
 
 from specwake.errors import StartupFailed
 from specwake.prepare.plan import REDACTED, redact_env
-from specwake.run.groups import STRAGGLER_TIMEOUT_S, group_rss_bytes, live_group_members, signal_group
+from specwake.run.groups import end_group, group_rss_bytes, live_group_members
 from specwake.run.leftovers import ServerRecord, forget, remember
 from specwake.run.lifeline import Lifeline
 
@@ -252,35 +252,17 @@ class Server:
         return self._proc
 
     def _terminate(self, proc: subprocess.Popen[bytes], pgid: int) -> None:
-        signal_group(pgid, signal.SIGTERM)
-        signal_group(pgid, signal.SIGCONT)  # a stopped (SIGSTOP-ed, hung) group must run to see SIGTERM
-        deadline = time.monotonic() + self.grace_s
-        try:
-            proc.wait(timeout=self.grace_s)
-        except subprocess.TimeoutExpired:
-            log.warning("server pid %d ignored SIGTERM for %.1f s; killing", pgid, self.grace_s)
-            self._kill_group(proc, pgid)
-            return
-        # The leader is reaped; give the rest of the group what is left of the grace period.
-        while live_group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self._kill_group(proc, pgid)
+        """SIGTERM and SIGCONT to the group, SIGKILL after grace_s (groups.end_group, as the watchdog and `leftovers
+        --stop` end a group), then reap the leader."""
+        self._reap(proc, end_group(pgid, self.grace_s))
 
     def _kill_group(self, proc: subprocess.Popen[bytes], pgid: int) -> None:
-        """SIGKILL whatever lives in the group, reap the leader, wait for stragglers to vanish."""
-        deadline = time.monotonic() + STRAGGLER_TIMEOUT_S
-        while True:
-            if live_group_members(pgid):
-                signal_group(pgid, signal.SIGKILL)
-            if proc.poll() is None:
-                try:
-                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-            survivors = live_group_members(pgid)
-            if not survivors:
-                return
-            if time.monotonic() >= deadline:
-                log.warning("processes %s of group %d survived SIGKILL", survivors, pgid)
-                return
-            time.sleep(0.05)
+        """SIGKILL at once (interrupted during the polite stop), then reap the leader."""
+        self._reap(proc, end_group(pgid, 0.0))
+
+    @staticmethod
+    def _reap(proc: subprocess.Popen[bytes], survivors: list[int]) -> None:
+        """Collect the leader's exit status (a zombie by now, unless it survived SIGKILL)."""
+        if survivors:
+            log.warning("processes %s of group %d survived SIGKILL", survivors, proc.pid)
+        proc.poll()
