@@ -22,6 +22,7 @@ from specwake.files import write_atomic
 from specwake.judge.verdict import NOT_TESTED, outcome_matches, recorded_tolerance
 from specwake.report.explain import explain
 from specwake.report.markdown import num
+from specwake.report.nights import moment
 from specwake.results import INCOMPLETE, ScenarioResult, StageResult, VariantResult
 
 MESSAGE_MAX = 300  # characters of an attribute message; the full text goes in the element body
@@ -160,19 +161,12 @@ def _set_counts(element: ET.Element, cases: Sequence[ET.Element], seconds: float
     element.set("time", _seconds(seconds))
 
 
-def _moment(text: str | None) -> dt.datetime | None:
-    try:
-        return dt.datetime.fromisoformat(text) if text else None
-    except ValueError:
-        return None
-
-
 def _wall(results: Sequence[ScenarioResult]) -> float:
     """Seconds from the first scenario's start to the last one's end (now, for one still unfinished): a suite's
     time is the wall time of its run, not the sum of its variants, which ran side by side or packed."""
-    starts = [m for m in (_moment(r.started_at) for r in results) if m is not None]
+    starts = [m for m in (moment(r.started_at) for r in results) if m is not None]
     now = dt.datetime.now(dt.timezone.utc)
-    ends = [_moment(r.finished_at) or now for r in results]
+    ends = [moment(r.finished_at) or now for r in results]
     if not starts:
         return sum(v.seconds for r in results for v in r.variants)
     return max((max(ends) - min(starts)).total_seconds(), 0.0)

@@ -63,8 +63,11 @@ class Trend:
     series: tuple[Series, ...]
 
 
-def moment(text: str) -> dt.datetime | None:
-    """An ISO 8601 time as results write it (`…+00:00`, or `…Z` in older files) in UTC; None when unreadable."""
+def moment(text: str | None) -> dt.datetime | None:
+    """An ISO 8601 time as results write it (`…+00:00`, or `…Z` in older files) in UTC; None when absent or
+    unreadable."""
+    if not text:
+        return None
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
