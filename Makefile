@@ -40,9 +40,14 @@ sync: install
 check: install
 	$(BIN)/python -m pytest tests/unit -q
 
-# Every tier: unit, component (fake engines and servers), e2e (real vLLM CPU servers). What CI runs.
+# Every tier. What CI runs. Unit and component (fake engines and servers) on two workers, a test module to a worker
+# (its module-scoped runs made once); then e2e (real vLLM CPU servers, which use both cores themselves) on one. The
+# second runs even when the first fails; each prints its slowest tests.
 test: install
-	$(BIN)/python -m pytest --durations=30
+	status=0; \
+	$(BIN)/python -m pytest tests/unit tests/component -n 2 --dist loadscope --durations=30 || status=$$?; \
+	$(BIN)/python -m pytest tests/e2e --durations=30 || status=$$?; \
+	exit $$status
 
 lint: install
 	$(BIN)/ruff check specwake tests benchmarks

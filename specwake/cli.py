@@ -22,21 +22,20 @@ from specwake.errors import (
     EXIT_INTERRUPTED,
     InputError,
     Interrupted,
+    ScenarioErrors,
     SpecwakeError,
 )
 from specwake.files import what_it_is
 from specwake.prepare.models import BUILTIN_MODELS, cache_dir, ensure_builtin_model, lookup, model_dir
-from specwake.prepare.scenario import Overrides
-from specwake.report import render_csv, render_json, render_markdown
 from specwake.report.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, parse_pair, render_comparison_markdown
 from specwake.report.nights import build_trend, render_trend_markdown
-from specwake.report.plot import render_plot
-from specwake.report.trend_plot import render_trend_chart
 from specwake.run.leftovers import GRACE_S, describe, find_leftovers, registry_dir, stop_leftover
 from specwake.run.schedule import parse_gpu_list
-from specwake.run.session import RunInterrupted, RunRequest, check_all, execute
 from specwake.run.shards import choose_shard, merge_shards
 from specwake.runfolder import load_many
+
+# A command imports what only it needs (the run machinery: openai, pydantic; plots: matplotlib) inside its body, so
+# that `--help`, `version`, `report`, `leftovers` and the rest start in a fraction of `run`'s import time.
 
 app = typer.Typer(
     add_completion=False,
@@ -48,7 +47,8 @@ app.add_typer(models_app, name="models")
 
 
 def _fail(ui: Ui, exc: SpecwakeError) -> NoReturn:
-    ui.error(str(exc))
+    for each in exc.errors if isinstance(exc, ScenarioErrors) else [exc]:  # one line per scenario file
+        ui.error(str(each))
     raise typer.Exit(exc.exit_code)
 
 
@@ -122,6 +122,9 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines.")] = False,
 ) -> None:
     """Run scenarios: baseline and patched servers, L2 cycles, AL and tok/s before and after, verdict."""
+    from specwake.prepare.scenario import Overrides
+    from specwake.run.session import RunInterrupted, RunRequest, execute
+
     ui = Ui(quiet)
     if patch is not None and what_it_is(patch) is not None:
         ui.error(f"--patch: file {what_it_is(patch)}: {patch}")
@@ -204,6 +207,9 @@ def check(
 ) -> None:
     """Validate scenarios with each variant's own vLLM and show exactly what `run` would start and measure (argv,
     env, GPUs or CPU cores, the run mode, where models load from); launches no server."""
+    from specwake.prepare.scenario import Overrides
+    from specwake.run.session import check_all
+
     ui = Ui()
     if patch is not None and what_it_is(patch) is not None:
         ui.error(f"--patch: file {what_it_is(patch)}: {patch}")
@@ -247,6 +253,9 @@ def report(
     """Print earlier runs as one report (Markdown for a PR comment, or JSON / CSV).
 
     A results folder stands for its latest run (named on stderr) unless --all is given."""
+    from specwake.report import render_csv, render_json, render_markdown
+    from specwake.report.plot import render_plot
+
     ui = Ui()
     renderers = {"md": render_markdown, "json": render_json, "csv": render_csv}
     if fmt not in renderers:
@@ -319,6 +328,8 @@ def compare(
     ] = None,
 ) -> None:
     """Nightly trend: AL and tok/s per scenario × variant × stage, OLD vs NEW; exit 1 on a regression."""
+    from specwake.report.trend_plot import render_trend_chart
+
     ui = Ui()
     try:
         pairs = [parse_pair(p) for p in pair or ()]
@@ -370,6 +381,14 @@ def bisect(
     ] = None,
     cycles: Annotated[int, typer.Option(min=1, help="Sleep/wake cycles per step.")] = 1,
     output: Annotated[Path, typer.Option(help="Results folder; the bisect gets a new sub-folder.")] = Path("results"),
+    remeasure: Annotated[
+        bool,
+        typer.Option(
+            "--remeasure",
+            help="Run every step, also one whose outcome an earlier bisect kept in specwake's cache (same build, diff"
+            " and scenario), and keep the new outcomes.",
+        ),
+    ] = False,
 ) -> None:
     """Find the vLLM commit that changed a variant's outcome (broke or fixed it): each step overlays the commit's
     diff of vllm/ from BASE onto the installed vLLM and runs the variant; no rebuild. Exit 0 found, 1 no change in
@@ -377,7 +396,7 @@ def bisect(
     from specwake.run.bisect import BisectRequest, render, run_bisect
 
     ui = Ui()
-    request = BisectRequest(scenario, vllm_repo, good, bad, output, base, variant, expect, cycles)
+    request = BisectRequest(scenario, vllm_repo, good, bad, output, base, variant, expect, cycles, remeasure)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with ui:

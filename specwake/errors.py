@@ -3,6 +3,7 @@
 SpecwakeError                      (base, never raised directly)
 ├── InputError            exit 2   bad scenario, flag, patch or results file; nothing launched
 │   ├── ScenarioError              a scenario file or override is invalid (file: key: reason)
+│   ├── ScenarioErrors             several files invalid (`check a.toml b.toml`): one ScenarioError per file
 │   └── PatchError                 a diff is malformed, escapes the package, or does not apply
 ├── InfraError            exit 3   the machine cannot run what was asked
 │   ├── EngineMissing              vLLM is not importable in the variant's interpreter
@@ -43,6 +44,14 @@ class ScenarioError(InputError):
         self.file, self.key, self.reason = file, key, reason
         where = f"{file}: {key}" if key else file
         super().__init__(f"{where}: {reason}")
+
+
+class ScenarioErrors(InputError):
+    """The first problem of each of several scenario files, rendered as one line each."""
+
+    def __init__(self, errors: list[ScenarioError]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
 
 
 class PatchError(InputError):

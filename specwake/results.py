@@ -56,6 +56,16 @@ class StageResult:
     # result from before near-ties were judged (there outputs_match_fresh alone decides)
     outputs_close_to_fresh: bool | None = None
     near_ties: list[list[int]] = field(default_factory=list)  # [request, token] where tokens part at a near-tie
+    # Measured requests; None in results of specwake before stages could stop early (there: len(tok_s))
+    requests: int | None = None
+    # Why the stage stopped measuring where it did, one line: "decided after 3 requests: AL above …", "cap: 5 requests
+    # (repeats); undecided: …", "fixed: the fresh stage is the reference"; None in results from before
+    stopped: str | None = None
+
+    @property
+    def measured(self) -> int:
+        """How many requests the stage measured."""
+        return self.requests if self.requests is not None else len(self.tok_s)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from specwake.judge.expectations import EXPECTATIONS, Limits
+from specwake.judge.sequential import DEFAULT_MIN_REPEATS
 from specwake.protocol import ROLES, split_entry
 
 # A scenario or variant name names a folder: one path component, nothing that could climb out of --output.
@@ -112,6 +113,9 @@ class WorkloadSection(_Strict):
     prompts: str | list[str] = "builtin:mixed"
     max_tokens: int = Field(default=256, gt=0)
     repeats: int = Field(default=5, gt=0)  # measured requests per stage: 5 gives the speed rule power
+    # A stage after a cycle measures at least this many and stops once AL is decided (at most `repeats`); None:
+    # DEFAULT_MIN_REPEATS, or `repeats` where it is smaller. Equal to `repeats`: no early stop.
+    min_repeats: int | None = Field(default=None, ge=1)
     warmup: int = Field(default=1, ge=0)
     temperature: float = Field(default=0.0, ge=0)
     ignore_eos: bool = True
@@ -126,6 +130,19 @@ class WorkloadSection(_Strict):
                 " verifies a draft and AL cannot be measured"
             )
         return value
+
+    @field_validator("min_repeats")
+    @classmethod
+    def _within_repeats(cls, value: int | None, info: ValidationInfo) -> int | None:
+        repeats = info.data.get("repeats")
+        if value is not None and isinstance(repeats, int) and value > repeats:
+            raise ValueError(f"must be at most workload.repeats ({repeats})")
+        return value
+
+    @property
+    def least_repeats(self) -> int:
+        """The measured requests a stage after a cycle takes at least (min_repeats, or its default)."""
+        return self.min_repeats if self.min_repeats is not None else min(DEFAULT_MIN_REPEATS, self.repeats)
 
 
 Level = Literal[1, 2]

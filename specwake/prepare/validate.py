@@ -1,7 +1,8 @@
 """Before anything starts: a scenario's `[speculative]` table and server arguments checked by the variant's own vLLM
 (specwake.worker.validate, run in its interpreter), so a typo is exit 2 naming the file and key, not a server that
-fails after minutes on a GPU. Answers are cached per installation and request; a vLLM that cannot answer (too old,
-or not a real vLLM) only costs the check, never the run.
+fails after minutes on a GPU. One process per interpreter answers for every file of a run or a `check`, and every
+file with a problem gets its line. Answers are cached per installation and request; a vLLM that cannot answer (too
+old, or not a real vLLM) only costs the check, never the run.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specwake.errors import ScenarioError
+from specwake.errors import ScenarioError, ScenarioErrors
 from specwake.events import Event, Events
 from specwake.files import write_cache
+from specwake.prepare.checkpoint import validate_entries
 from specwake.prepare.engine import EngineInfo, install_stamp
 from specwake.prepare.models import builder_env
 from specwake.prepare.plan import model_flags, speculative_config
@@ -137,11 +139,21 @@ Check = tuple[Scenario, Variant, EngineInfo, str, str | None]
 
 
 def validate_variants(checks: Sequence[Check], cache: Path | None, events: Events) -> None:
-    """Have each variant's vLLM check its scenario, one process per interpreter for the whole run; raise
-    ScenarioError for the first problem, in the order given. A vLLM that cannot answer is reported and skipped."""
+    """Check every variant of a run before anything starts: its push_scale and push_skip names against the
+    checkpoints (specwake.prepare.checkpoint), then its scenario by its own vLLM, one process per interpreter for the
+    whole run (every file of `check a.toml b.toml …` in one import of vLLM). Raises the first problem of each
+    scenario file, in the order given: a ScenarioError, or ScenarioErrors for several files. A vLLM that cannot
+    answer is reported and skipped."""
+    problems: dict[str, ScenarioError] = {}
+    for file in dict.fromkeys(str(s.file) for s, *_ in checks):
+        try:
+            validate_entries([(s, v, model, draft) for s, v, _, model, draft in checks if str(s.file) == file], events)
+        except ScenarioError as exc:
+            problems[file] = exc
+    asked = [i for i, (scenario, *_) in enumerate(checks) if str(scenario.file) not in problems]
     by_python: dict[str, list[int]] = {}
-    for index, (_, _, engine, _, _) in enumerate(checks):
-        by_python.setdefault(engine.python, []).append(index)
+    for index in asked:
+        by_python.setdefault(checks[index][2].python, []).append(index)
     answers: dict[int, dict[str, Any]] = {}
     for indices in by_python.values():
         requests = [
@@ -154,8 +166,18 @@ def validate_variants(checks: Sequence[Check], cache: Path | None, events: Event
                 events(Event(note, checks[i][1].name))
             continue
         answers.update(zip(indices, got, strict=True))
-    for index, (scenario, variant, _, _, _) in enumerate(checks):
-        if index in answers:
+    for index in asked:
+        scenario, variant = checks[index][:2]
+        if index not in answers or str(scenario.file) in problems:
+            continue
+        try:
             check_answer(scenario, variant, answers[index])
-            for reason in answers[index].get("skipped") or []:
-                events(Event(f"not checked: {reason}", variant.name))
+        except ScenarioError as exc:
+            problems[str(scenario.file)] = exc
+            continue
+        for reason in answers[index].get("skipped") or []:
+            events(Event(f"not checked: {reason}", variant.name))
+    if len(problems) == 1:
+        raise next(iter(problems.values()))
+    if problems:
+        raise ScenarioErrors(list(problems.values()))

@@ -16,13 +16,13 @@ from specwake.errors import PatchError, PlatformMismatch
 from specwake.events import Event, Events
 from specwake.judge.expectations import COLLAPSE_AL
 from specwake.judge.verdict import RULES, SLEEP_IGNORED, sleep_ignored, speed_rule
-from specwake.prepare.checkpoint import validate_entries
 from specwake.prepare.engine import EngineInfo, probe_engine, resolve_python
 from specwake.prepare.hub import Availability, local_config
 from specwake.prepare.models import is_builtin, resolve_model_ref
 from specwake.prepare.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
 from specwake.prepare.plan import VariantPlan, build_server_command, build_server_env, redact_env, resolve_discard
 from specwake.prepare.scenario import Scenario, Variant
+from specwake.prepare.scenario_file import WorkloadSection
 from specwake.prepare.validate import validate_variants
 from specwake.protocol import PUSH_VIA, ROLES, SYNC_VIA, PushRequest
 from specwake.run.cycle import cycle_steps
@@ -177,10 +177,10 @@ def validate_run(
     scenarios: Sequence[Scenario], prepared: Sequence[Sequence[PreparedVariant]], cache: Path, events: Events
 ) -> None:
     """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.prepare.validate),
-    after its push_scale and push_skip names against the checkpoints (specwake.prepare.checkpoint)."""
+    after its push_scale and push_skip names against the checkpoints (specwake.prepare.checkpoint); the first
+    problem of every scenario file raised at once."""
     pairs = zip(scenarios, prepared, strict=True)
     checks = [(s, p.variant, p.engine, p.model, p.draft_model) for s, variants in pairs for p in variants]
-    validate_entries([(s, v, model, draft) for s, v, _, model, draft in checks], events)
     validate_variants(checks, cache, events)
 
 
@@ -241,6 +241,13 @@ def plan_variant(
     return VariantPlan(prep.variant, engine.python, argv, env, added, port, prep.l2_discard, gpus, cores)
 
 
+def _early_stop(w: WorkloadSection) -> str:
+    """How many requests a stage after a cycle takes, where it may stop early (specwake.run.measure)."""
+    if w.least_repeats >= w.repeats:
+        return ""
+    return f" (after a cycle {w.least_repeats}–{w.repeats}: until AL is decided, all where the speed rule binds)"
+
+
 def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) -> list[str]:
     """What a run will measure and how it will decide, every default resolved (`specwake check`)."""
     w, c = scenario.workload, scenario.cycle
@@ -260,7 +267,8 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     lines = [
         "  measures:",
         f"    prompts: {len(scenario.prompts)} from {source}, first {_short(scenario.prompts[0])}",
-        f"    each stage: {w.warmup} warmup + {w.repeats} measured requests, one at a time; max_tokens {w.max_tokens},"
+        f"    each stage: {w.warmup} warmup + {w.repeats} measured requests{_early_stop(w)}, one at a time;"
+        f" max_tokens {w.max_tokens},"
         f" temperature {w.temperature:g}, ignore_eos {str(w.ignore_eos).lower()},"
         f" request timeout {w.request_timeout_s:g} s",
         f"    stages: fresh, then after each of {c.count} cycle(s): {steps}{fill}; step timeout {c.step_timeout_s:g} s",

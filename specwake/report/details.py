@@ -32,6 +32,16 @@ def _position_table(variant: VariantResult) -> list[str]:
     return lines + [""]
 
 
+def _stop_lines(variant: VariantResult) -> list[str]:
+    """Why each stage measured the requests it did (results from before stages could stop early record none)."""
+    stages = [s for s in variant.stages_by_cycle if s.stopped]
+    if not stages:
+        return []
+    lines = ["Requests per stage:", ""]
+    lines += [inline(f"- {s.name}: {s.measured} — {s.stopped}") for s in stages]
+    return lines + [""]
+
+
 def _step_table(variant: VariantResult) -> list[str]:
     """Every step with its HTTP status and wall seconds; beside them, where the server keeps them (vLLM 0.32 and
     later, after the first such call), vLLM's own seconds for the operation."""
@@ -98,6 +108,7 @@ def details(variant: VariantResult) -> list[str]:
     sections = [
         (f"{variant.outcome} ({variant.crash_class or 'unknown'})", _failure_lines(variant)),
         ("per-position acceptance", _position_table(variant)),
+        ("requests per stage", _stop_lines(variant)),
         ("cycle steps", _step_table(variant)),
         ("wake ledger", ledger(variant)),
         ("diagnostics", ["Diagnostics:", "", *diag, ""] if diag else []),

@@ -15,7 +15,7 @@ from specwake.results import ScenarioResult, VariantResult, to_dict
 STAGE_COLUMNS = tuple(
     """
     scenario run variant outcome expected stage cycle acceptance_length num_drafts num_draft_tokens
-    num_accepted_tokens acceptance_rate per_position requests tok_s_median tok_s_min tok_s_max
+    num_accepted_tokens acceptance_rate per_position requests stopped tok_s_median tok_s_min tok_s_max
     outputs_match_fresh counters_reset tok_s_ci_low tok_s_ci_high tok_s_vs_fresh tok_s_vs_fresh_low
     tok_s_vs_fresh_high
     """.split()
@@ -44,7 +44,8 @@ def _stage_record(result: ScenarioResult, variant: VariantResult, row: Row) -> d
         "num_accepted_tokens": stage.num_accepted_tokens,
         "acceptance_rate": rate,
         "per_position": ";".join(f"{p:.4f}" for p in stage.per_position),
-        "requests": len(stage.tok_s),
+        "requests": stage.measured,
+        "stopped": stage.stopped,
         "tok_s_median": stage.tok_s_median,
         "tok_s_min": min(stage.tok_s) if stage.tok_s else None,
         "tok_s_max": max(stage.tok_s) if stage.tok_s else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from specwake.judge.sequential import DEFAULT_MIN_REPEATS
 from specwake.judge.stats import Summary, ratio, summarize
 from specwake.judge.verdict import (
     NOT_TESTED,
@@ -50,6 +51,7 @@ TABLE_SPEC = (
     ("TPOT ms [CI]", "---:", 18),
     ("1st TTFT ms", "---:", 11),
     ("outputs = fresh", ":---:", 15),
+    ("requests", "---:", 13),
 )
 _VERDICT_RANK = {"pass": 0, "error": 1, "fail": 2}
 _VERDICT_ICON = {"pass": "✅", "fail": "❌", "error": "⚠️"}
@@ -93,8 +95,17 @@ def _stage_cells(variant: str, row: Row) -> list[str]:
         _tpotcell(s.tpot),
         num(None if s.first_request_ttft is None else s.first_request_ttft * 1000, 1),
         _matchcell(s),
+        _requestscell(s),
     ]
     return [cell(c) for c in cells]
+
+
+def _requestscell(stage: StageResult) -> str:
+    """`3 (decided)`: the requests a stage measured and, in a word, why no more (results before: the count)."""
+    if not stage.stopped:
+        return str(stage.measured)
+    word = stage.stopped.split(":", 1)[0].split(" after ", 1)[0]  # decided, cap, fixed, no drafts
+    return f"{stage.measured} ({word})"
 
 
 def _tpotcell(values: Sequence[float | None]) -> str:
@@ -259,10 +270,20 @@ def _setup_line(result: ScenarioResult) -> list[str]:
         f"{spec.get('method', MISSING)} K={spec.get('num_speculative_tokens', MISSING)}",
         f"TP {server.get('tensor_parallel_size', MISSING)}" + (", eager" if server.get("enforce_eager") else ""),
         f"{cycle.get('count', MISSING)} × L{cycle.get('level', MISSING)} sleep/wake",
-        f"{work.get('repeats', MISSING)} request{'' if work.get('repeats') == 1 else 's'}"
+        f"{work.get('repeats', MISSING)} request{'' if work.get('repeats') == 1 else 's'}{_early(work)}"
         f" × {work.get('max_tokens', MISSING)} tokens per stage",
     ]
     return [inline(" · ".join(parts)), ""]
+
+
+def _early(work: dict[str, Any]) -> str:
+    """` (2–5 after a cycle)` where stages after a cycle could stop early; results from before record no min_repeats."""
+    repeats, least = work.get("repeats"), work.get("min_repeats", MISSING)
+    if least is None and isinstance(repeats, int):
+        least = min(DEFAULT_MIN_REPEATS, repeats)
+    if not isinstance(least, int) or not isinstance(repeats, int) or least >= repeats:
+        return ""
+    return f" ({least}–{repeats} after a cycle)"
 
 
 def _scenario_section(result: ScenarioResult, name_run: bool = False) -> list[str]:

@@ -19,12 +19,17 @@ commits between good and bad (`git rev-list --ancestry-path`), so at most ⌈log
 A `--good` that is not an ancestor of `--bad` (vLLM tags a release on its release branch) is replaced by their merge
 base, and the bisect says so. The same search finds the commit that fixed a failure: `--good` older and failing,
 `--bad` newer and passing.
+
+A step's outcome is kept in specwake's cache (run/bisect_cache.py), keyed by what decides it — the installed build,
+the diff overlaid, the scenario as the step runs it — and a later bisect that reaches a step of the same key reuses it
+instead of running it again, and says so (`--remeasure`: run every step, and keep the new outcomes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import math
 import time
@@ -36,9 +41,10 @@ from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS, InputError, PatchE
 from specwake.events import Event, Events
 from specwake.files import write_atomic
 from specwake.judge.expectations import EXPECTATIONS
+from specwake.prepare.engine import install_stamp, probe_engine, resolve_python
 from specwake.prepare.models import cache_dir
 from specwake.prepare.scenario import Overrides, load_scenario
-from specwake.results import VariantResult
+from specwake.run.bisect_cache import Measured, keep, recall, step_key
 from specwake.run.session import RunRequest, execute
 from specwake.run.vllm_git import (
     PLAIN,
@@ -74,8 +80,9 @@ class Step:
     outcome: str | None = None
     al_fresh: float | None = None
     al_after: list[float | None] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0  # the run's, in this bisect: 0 for a reused outcome
     reason: str = ""  # why skipped, or what decided it
+    reused: str = ""  # the run folder of an earlier bisect's step whose outcome this one reuses (not run again)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "commit": dataclasses.asdict(self.commit)}
@@ -92,6 +99,7 @@ class BisectRequest:
     variant: str | None = None
     expect: str | None = None
     cycles: int = 1
+    remeasure: bool = False  # run every step, even one whose outcome an earlier bisect kept (and keep the new one)
 
 
 @dataclass
@@ -127,6 +135,10 @@ class Bisect:
         self.base = self._base(request.base)
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
         self.root = request.output / f"{stamp}-bisect-{self.scenario.name}"
+        for n in range(2, 1000):  # a second bisect within the same second (every step reused) gets a folder of its own
+            if not self.root.exists():
+                break
+            self.root = request.output / f"{stamp}-bisect-{self.scenario.name}-{n}"
         self.steps: list[Step] = []
         self.good_outcome: str | None = request.expect
 
@@ -150,19 +162,31 @@ class Bisect:
     def _base(self, base: str | None) -> str:
         if base is not None:
             return resolve(self.request.repo, base, "--base")
-        from specwake.prepare.engine import probe_engine, resolve_python
-
         variant = next(v for v in self.scenario.variants if v.name == self.variant)
         version = probe_engine(resolve_python(variant.python), cache_dir()).vllm_version
         return find_base(self.request.repo, version)
 
     # ------------------------------------------------------------------ one step
 
+    @functools.cached_property
+    def build(self) -> str | None:
+        """The installed build the steps overlay (engine.install_stamp of the variant's interpreter); None when it
+        cannot be read, and then no outcome is kept or reused."""
+        variant = next(v for v in self.scenario.variants if v.name == self.variant)
+        return install_stamp(resolve_python(variant.python))
+
     def step(self, commit: Commit) -> Step:
-        """Overlay the commit's diff of vllm/ from BASE, run the variant, judge the outcome (or skip)."""
+        """Overlay the commit's diff of vllm/ from BASE, run the variant, judge the outcome (or skip); an outcome an
+        earlier bisect kept for the same build, diff and scenario is reused, not run again (unless --remeasure)."""
         built, diff = self.changes(commit)
         if built:
             return self._skipped(commit, changes_the_build(built))
+        key = step_key(self.scenario, self.variant, diff, self.build) if self.build is not None else None
+        earlier = recall(cache_dir(), key) if key is not None and not self.request.remeasure else None
+        if earlier is not None:
+            step = self._judged(commit, earlier, reused=True)
+            self.steps.append(step)
+            return step
         folder = self.root / "steps" / commit.short
         patch: Path | None = None
         if diff.strip():
@@ -181,7 +205,16 @@ class Bisect:
             result = execute(request, lambda event: None).results[0].variants[0]
         except PatchError as exc:
             return self._skipped(commit, f"its diff does not apply to the installed vLLM: {exc}")
-        step = self._judged(commit, result, time.monotonic() - started)
+        fresh = result.fresh
+        measured = Measured(
+            result.outcome, fresh.acceptance_length if fresh else None,
+            tuple(s.acceptance_length for s in result.stages_by_cycle if s.cycle > 0),
+            round(time.monotonic() - started, 1), commit.sha, str(folder),
+            dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        )  # fmt: skip
+        if key is not None:
+            keep(cache_dir(), key, measured)
+        step = self._judged(commit, measured, reused=False)
         self.steps.append(step)
         return step
 
@@ -219,15 +252,15 @@ class Bisect:
         self.events(Event(f"skip {commit.short} {commit.subject}: {reason}"))
         return step
 
-    def _judged(self, commit: Commit, result: VariantResult, seconds: float) -> Step:
-        fresh = result.fresh
-        after = [s.acceptance_length for s in result.stages_by_cycle if s.cycle > 0]
+    def _judged(self, commit: Commit, measured: Measured, reused: bool) -> Step:
         if self.good_outcome is None:
-            self.good_outcome = result.outcome  # the --good commit, measured first
-        verdict = "good" if result.outcome == self.good_outcome else "bad"
+            self.good_outcome = measured.outcome  # the --good commit, measured first
+        verdict = "good" if measured.outcome == self.good_outcome else "bad"
         return Step(
-            commit, verdict, result.outcome, fresh.acceptance_length if fresh else None, after, round(seconds, 1),
-            f"outcome {result.outcome}" + ("" if verdict == "good" else f", not {self.good_outcome}"),
+            commit, verdict, measured.outcome, measured.al_fresh, list(measured.al_after),
+            0.0 if reused else measured.seconds,
+            f"outcome {measured.outcome}" + ("" if verdict == "good" else f", not {self.good_outcome}"),
+            measured.folder if reused else "",
         )  # fmt: skip
 
 
@@ -249,15 +282,21 @@ def run_bisect(request: BisectRequest, events: Events) -> BisectOutcome:
     bound = math.ceil(math.log2(n)) + 2 if n > 1 else 2
     say(Event(f"bisecting {n} commit(s) of {request.repo} on {b.scenario.name}/{b.variant}, base {b.base[:10]};"
               f" at most {bound} runs"))  # fmt: skip
-    runs = 0
+    judged = 0  # steps with an outcome, run or reused
 
     def measure(commit: Commit, label: str) -> Step:
-        nonlocal runs
+        nonlocal judged
         say(Event(f"{label}: {commit.short} {commit.subject}"))
         step = b.step(commit)
         if step.verdict != "skip":
-            runs += 1
-            say(Event(f"{label}: {commit.short} → {step.outcome} ({step.verdict}) in {step.seconds:.0f} s"))
+            judged += 1
+            how = (
+                f"reused: an earlier bisect measured this diff on this build in {step.reused}; not run again"
+                " (--remeasure runs it)"
+                if step.reused
+                else f"in {step.seconds:.0f} s"
+            )
+            say(Event(f"{label}: {commit.short} → {step.outcome} ({step.verdict}) {how}"))
         return step
 
     first = measure(good_commit, "good endpoint")
@@ -286,8 +325,9 @@ def run_bisect(request: BisectRequest, events: Events) -> BisectOutcome:
             break
         middle = (lo + hi) // 2
         i = min(pending, key=lambda k: (abs(k - middle), k))  # the middle, or its nearest runnable neighbour
-        say(Event(f"step {runs + 1}/{bound}: {hi - lo - 1} commit(s) left between {_name(b, lo)} and {_name(b, hi)}"))
-        step = measure(b.commits[i], f"step {runs + 1}")
+        left = f"{hi - lo - 1} commit(s) left between {_name(b, lo)} and {_name(b, hi)}"
+        say(Event(f"step {judged + 1}/{bound}: {left}"))
+        step = measure(b.commits[i], f"step {judged + 1}")
         if step.verdict == "skip":
             skipped.add(i)
         elif step.verdict == "good":
@@ -367,7 +407,8 @@ def _finish(b: Bisect, outcome: BisectOutcome) -> BisectOutcome:
         "expect": b.request.expect,
         "commits": len(b.commits),
         "steps": [s.to_dict() for s in outcome.steps],
-        "runs": sum(1 for s in outcome.steps if s.verdict != "skip"),
+        "runs": sum(1 for s in outcome.steps if s.verdict != "skip" and not s.reused),
+        "reused": [s.commit.sha for s in outcome.steps if s.reused],  # outcomes an earlier bisect measured
         "result": {
             "word": outcome.word,
             "commit": dataclasses.asdict(outcome.found) if outcome.found else None,
@@ -402,7 +443,11 @@ def render(outcome: BisectOutcome) -> str:
             if s.al_fresh is None
             else f"{s.al_fresh:.2f} → " + " → ".join("–" if a is None else f"{a:.2f}" for a in s.al_after)
         )
-        what = s.outcome or s.reason
+        what = f"{s.outcome} (reused)" if s.reused else s.outcome or s.reason
         lines.append(f"| {s.commit.short} | {s.commit.subject} | {s.verdict} | {what} | {al} | {s.seconds:.0f} |")
+    reused = [s for s in outcome.steps if s.reused]
+    if reused:
+        lines.append(f"\n{len(reused)} outcome(s) an earlier bisect measured, reused (--remeasure runs them again):")
+        lines += [f"  {s.commit.short} from {s.reused}" for s in reused]
     lines.append(f"\nbisect.json: {outcome.root / BISECT_FILE}")
     return "\n".join(lines) + "\n"

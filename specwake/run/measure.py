@@ -1,9 +1,11 @@
-"""One measured stage: a prefix-cache probe, warmup, N greedy requests one at a time, /metrics before and after.
+"""One measured stage: a prefix-cache probe, warmup, up to N greedy requests one at a time, /metrics before and
+after. A stage after a cycle stops as soon as its AL is decided against the lines its outcome turns on
+(specwake.judge.sequential), reading /metrics after every request.
 
 Returns a StageResult: AL and per-position rates from counter deltas; tok/s, time to first token and time per
 output token per request; completion texts; against the fresh stage, where the tokens first differ, which requests
-part from it at a near-tie (numerics, see near_tie), and how far their logprobs drifted; and how many prompt
-tokens the server served from its prefix cache right after the wake.
+part from it at a near-tie (numerics, see near_tie), and how far their logprobs drifted; how many prompt tokens the
+server served from its prefix cache right after the wake; and how many requests it took, and why.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specwake.errors import RequestFailed
+from specwake.judge.expectations import COLLAPSE_AL
+from specwake.judge.sequential import AcceptanceTest, acceptance_test, histogram
+from specwake.judge.verdict import recovery_bound
 from specwake.prepare.scenario import Scenario
 from specwake.results import LOGPROB_TOLERANCE, NEAR_TIE_NATS, StageResult
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
-from specwake.run.metrics import SpecCounters, counter_delta, parse_spec_counters
+from specwake.run.metrics import SpecCounters, SpecDelta, counter_delta, parse_spec_counters
 
 # The prefix-cache probe: ~300 characters, several KV-cache blocks with any tokenizer, under 512 tokens with a
 # byte-level one. Every stage sends it twice: the first answer must show no cached tokens right after a wake (the
@@ -45,13 +50,29 @@ class Workload:
     temperature: float
     ignore_eos: bool
     request_timeout_s: float
+    min_repeats: int = 2  # a stage that may stop early measures at least this many (workload.min_repeats)
 
     @classmethod
     def of(cls, scenario: Scenario, model: str) -> Workload:
         """A scenario's [workload], sent to the served `model`."""
         w = scenario.workload
         return cls(model, scenario.prompts, w.max_tokens, w.repeats, w.warmup, w.temperature, w.ignore_eos,
-                   w.request_timeout_s)  # fmt: skip
+                   w.request_timeout_s, w.least_repeats)  # fmt: skip
+
+    def prompt(self, i: int) -> str:
+        """The prompt of request i of a stage (warmup and measured requests each start at the first)."""
+        return self.prompts[i % len(self.prompts)]
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """What a stage after a cycle needs to stop early: the lines its AL is tested against are the recover bound,
+    (1 − tolerance) × fresh AL, and the collapse line; where tok/s decides the outcome (the speed rule binds) it
+    measures every request, since the speed rule is a fixed-sample test."""
+
+    tolerance: float
+    speed_binds: bool = False
+    collapse_al: float = COLLAPSE_AL
 
 
 def stage_name(cycle: int, level: int = 2) -> str:
@@ -77,6 +98,13 @@ def _scrape(client: VllmClient) -> SpecCounters:
         raise RequestFailed(f"GET /metrics: not Prometheus text ({exc}): {text[:200]!r}") from None
 
 
+SETTLE_POLL_S = 0.05  # between /metrics scrapes while the counters catch up (a scrape of a few kB)
+
+
+def _settled(before: SpecCounters, after: SpecCounters, tokens: int) -> bool:
+    return after.generation_tokens - before.generation_tokens >= tokens
+
+
 def _settled_counters(
     client: VllmClient,
     before: SpecCounters,
@@ -88,10 +116,9 @@ def _settled_counters(
     deadline = time.monotonic() + wait_s
     while True:
         after = _scrape(client)
-        seen = after.generation_tokens - before.generation_tokens
-        if seen >= tokens or time.monotonic() >= deadline:
+        if _settled(before, after, tokens) or time.monotonic() >= deadline:
             return after
-        sleep(0.2)
+        sleep(SETTLE_POLL_S)
 
 
 @dataclass(frozen=True)
@@ -160,6 +187,71 @@ def drift(fresh: Sequence[Completion], now: Sequence[Completion], tolerance: flo
     return Drift(first, largest, over, compared, tuple(parted), tuple(ties))
 
 
+def _fixed(workload: Workload, fresh: StageResult | None, stopping: Stopping | None) -> str | None:
+    """Why a stage measures all `repeats` requests, or None where it may stop once AL is decided."""
+    if fresh is None:
+        return "fixed: the fresh stage is the reference"
+    if stopping is None:
+        return "fixed: no stopping rule given"
+    if stopping.speed_binds:
+        return "fixed: the speed rule binds (a fixed-sample test)"
+    if workload.min_repeats >= workload.repeats:
+        return "fixed: min_repeats = repeats (early stopping off)"
+    return None
+
+
+def _lines(fresh: StageResult, stopping: Stopping) -> list[tuple[str, float]]:
+    """The lines the outcome rules hold a post-cycle AL against."""
+    lines = [("the collapse line", stopping.collapse_al)]
+    if fresh.acceptance_length is not None:
+        lines.insert(0, ("the recover bound", recovery_bound(fresh.acceptance_length, stopping.tolerance)))
+    return lines
+
+
+def _steps(delta: SpecDelta) -> tuple[int, ...] | None:
+    """The draft steps of a counter delta by accepted tokens (sequential.histogram); None after a counter reset."""
+    if delta.counters_reset:
+        return None
+    accepted = [round(rate * delta.num_drafts) for rate in delta.per_position]
+    return histogram(delta.num_drafts, accepted)
+
+
+@dataclass
+class _Watch:
+    """A stage that may stop early, request by request: its test, the counters read so far, and whether they can
+    still be read request by request."""
+
+    test: AcceptanceTest
+    counters: SpecCounters
+    drafts: int = 0
+    readable: bool = True
+    reset: bool = False  # a counter went backwards between two requests
+
+    def read(self, now: SpecCounters) -> None:
+        delta = counter_delta(self.counters, now)
+        self.counters, self.drafts = now, self.drafts + delta.num_drafts
+        self.reset = self.reset or delta.counters_reset
+        steps = _steps(delta)
+        if steps is None:
+            self.readable = False
+        elif self.readable:
+            self.test = self.test.observe(steps)
+
+    def stop(self, n: int, workload: Workload) -> str | None:
+        """Why the stage stops after its n-th measured request, or None."""
+        if n < workload.min_repeats:
+            return None
+        if self.drafts == 0 and self.readable:
+            return f"no drafts: nothing for AL to decide ({n} requests, min_repeats)"
+        if self.readable and self.test.decided:
+            return f"decided after {n} requests: {self.test.reason()} (α {self.test.alpha:g})"
+        if n < workload.repeats:
+            return None
+        if not self.readable:
+            return f"cap: {n} requests (repeats); the counters could not be read request by request"
+        return f"cap: {n} requests (repeats); undecided: AL against {self.test.undecided()}"
+
+
 def run_stage(
     client: VllmClient,
     completer: Completer,
@@ -169,28 +261,49 @@ def run_stage(
     cycle: int,
     fresh: StageResult | None = None,
     fresh_completions: Sequence[Completion] = (),
+    stopping: Stopping | None = None,
     on_request: Callable[[Completion], None] | None = None,
     settle_s: float = 5.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[StageResult, list[Completion]]:
-    """Measure one stage; returns it with its measured completions. Server faults propagate as ServerFault."""
+    """Measure one stage; returns it with its measured completions. Server faults propagate as ServerFault.
+
+    The fresh stage, and any stage where `stopping` says so, measures `workload.repeats` requests. A stage after a
+    cycle otherwise reads /metrics after each request and stops after the first, from `workload.min_repeats` on,
+    at which its AL is decided against the recover bound and the collapse line (or no draft was made)."""
     start = _scrape(client)
     probe = probe_prompt(cycle)
     first_probe = _request(completer, workload, probe, max_tokens=1)  # the first request after a wake
     control = _request(completer, workload, probe, max_tokens=1)
     warm_started = time.monotonic()
-    warm = [_request(completer, workload, workload.prompts[i % len(workload.prompts)]) for i in range(workload.warmup)]
+    warm = [_request(completer, workload, workload.prompt(i)) for i in range(workload.warmup)]
     warmup_seconds = time.monotonic() - warm_started
     sent = sum(c.completion_tokens for c in [first_probe, control, *warm])
     before = _settled_counters(client, start, sent, settle_s, sleep)
-    completions = []
+    fixed = _fixed(workload, fresh, stopping)
+    watch = None
+    if fixed is None and fresh is not None and stopping is not None:
+        warmup_steps = _steps(counter_delta(start, before))  # the first bets are chosen on the warmup's steps
+        test = acceptance_test(_lines(fresh, stopping))
+        watch = _Watch(test.warmed(warmup_steps) if warmup_steps else test, before)
+    # Without a generation counter that moved, waiting for it after every request would only cost the deadline.
+    wait_s = settle_s if _settled(start, before, sent) else 0.0
+    completions: list[Completion] = []
+    stopped = fixed or ""
     for i in range(workload.repeats):
-        completion = _request(completer, workload, workload.prompts[i % len(workload.prompts)])
+        completion = _request(completer, workload, workload.prompt(i))
         completions.append(completion)
         if on_request is not None:
             on_request(completion)
+        if watch is not None:
+            tokens = sum(c.completion_tokens for c in completions)
+            watch.read(_settled_counters(client, before, tokens, wait_s, sleep))
+            stopped = watch.stop(i + 1, workload) or ""
+            if stopped:
+                break
     tokens = sum(c.completion_tokens for c in completions)
-    after = _settled_counters(client, before, tokens, settle_s, sleep)
+    last = watch.counters if watch is not None else before
+    after = last if _settled(before, last, tokens) else _settled_counters(client, before, tokens, settle_s, sleep)
     delta = counter_delta(before, after)
     outputs = [c.text for c in completions]
     samples = [round(c.tok_s, 3) for c in completions]
@@ -209,7 +322,7 @@ def run_stage(
         outputs=outputs,
         outputs_match_fresh=None if fresh is None else outputs == fresh.outputs[: len(outputs)],
         outputs_close_to_fresh=None if against is None else against.close,
-        counters_reset=delta.counters_reset,
+        counters_reset=delta.counters_reset or (watch is not None and watch.reset),
         warmup_seconds=round(warmup_seconds, 3),
         ttft=[_rounded(c.ttft) for c in completions],
         tpot=[_rounded(c.tpot, 6) for c in completions],
@@ -221,6 +334,8 @@ def run_stage(
         logprobs_over_tolerance=None if against is None else against.over_tolerance,
         logprobs_compared=None if against is None else against.compared,
         near_ties=[] if against is None else [list(t) for t in against.near_ties],
+        requests=len(completions),
+        stopped=stopped,
     )
     return result, completions
 

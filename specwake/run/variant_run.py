@@ -28,7 +28,7 @@ from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
 from specwake.run.cycle import run_cycle
 from specwake.run.gate import Gate
-from specwake.run.measure import Workload, run_stage, stage_name
+from specwake.run.measure import Stopping, Workload, run_stage, stage_name
 from specwake.run.metrics import OperationClock
 from specwake.run.server import Server, ServerSpec, describe_exit, free_port
 
@@ -67,6 +67,7 @@ class VariantRun:
         self.plan = plan_variant(scenario, prep, 0, gpus, cores)  # the port is bound just before launch (open)
         self.server = self._server(self.plan.port)
         self.workload = Workload.of(scenario, prep.model)
+        self.stopping = Stopping(scenario.tolerance, speed_binds=self.decides)  # when a stage after a cycle may stop
         self.push = push_of(scenario, prep)
         self.record = VariantRecord(self.name, str(log_path), self.plan.argv, self.plan.env_added, gpus, cores)
         self.client: VllmClient | None = None
@@ -254,7 +255,7 @@ class VariantRun:
             t0 = self.clock()
             result, completions = run_stage(
                 client, self.completer, self.workload, name=label, cycle=cycle, fresh=fresh,
-                fresh_completions=self.fresh_completions, on_request=on_request,
+                fresh_completions=self.fresh_completions, stopping=self.stopping, on_request=on_request,
             )  # fmt: skip
         result = replace(result, measured_alone=alone)
         if cycle == 0:
@@ -262,7 +263,7 @@ class VariantRun:
         self._timed("measurement", self.clock() - t0)
         stages.append(result)
         al = "–" if result.acceptance_length is None else f"{result.acceptance_length:.2f}"
-        self.say(f"{label}: AL {al}, {result.tok_s_median or 0:.1f} tok/s (median)")
+        self.say(f"{label}: AL {al}, {result.tok_s_median or 0:.1f} tok/s (median); {result.stopped}")
 
     def _diagnose(self, client: VllmClient, cycle: int, point: str) -> None:
         t0 = self.clock()

@@ -15,6 +15,7 @@ engine config, minutes into a GPU start; `--speculative-config` itself is parsed
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -44,8 +45,10 @@ def speculative_problems(spec: dict[str, Any]) -> dict[str, Any]:
     return {"valid_keys": valid, "unknown_keys": unknown, "bad_values": bad}
 
 
+@functools.cache
 def _parser() -> Any:
-    """vLLM's own `vllm serve` argument parser, raising ValueError where argparse would exit."""
+    """vLLM's own `vllm serve` argument parser, raising ValueError where argparse would exit; built once per process
+    (building it takes a tenth of a second, parsing with it almost nothing, and a run asks for every variant)."""
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     try:

@@ -145,11 +145,13 @@ def fake_history(engine: FakeEngine, tmp_path: Path) -> dict[str, Any]:
     return {"repo": repo, "scenario": scenario, "stock": stock, "fix": fix, "other": other, "kernel": kernel}
 
 
-def fake_bisect(h: dict[str, Any], tmp_path: Path, good: str, bad: str) -> tuple[Any, dict[str, Any]]:
-    out = tmp_path / "out"
-    args = ["bisect", str(h["scenario"]), "--vllm-repo", str(h["repo"]), "--base", h["stock"], "--output", str(out)]
-    proc = run_cli([*args, "--good", h[good], "--bad", h[bad]], tmp_path / "cache", 300)
-    found = list(out.glob("*/bisect.json"))
+def fake_bisect(
+    h: dict[str, Any], tmp_path: Path, good: str, bad: str, *extra: str, out: str = "out"
+) -> tuple[Any, dict[str, Any]]:
+    output = tmp_path / out
+    args = ["bisect", str(h["scenario"]), "--vllm-repo", str(h["repo"]), "--base", h["stock"], "--output", str(output)]
+    proc = run_cli([*args, "--good", h[good], "--bad", h[bad], *extra], tmp_path / "cache", 300)
+    found = list(output.glob("*/bisect.json"))
     return proc, json.loads(found[0].read_text()) if found else {}
 
 
@@ -178,3 +180,38 @@ def test_nothing_runs_when_no_commit_after_good_can_be_overlaid(
     assert [c["sha"] for c in data["result"]["candidates"]] == [fake_history["kernel"]]
     assert "could not be run (skipped)" in proc.stdout and "[Kernel] a kernel" in proc.stdout
     assert engine.launched() == [] and data["runs"] == 0  # the good endpoint was not run for nothing
+
+
+def test_a_later_bisect_reuses_what_an_earlier_one_measured_and_remeasure_runs_it_again(
+    engine: FakeEngine, tmp_path: Path, fake_history: dict[str, Any]
+) -> None:
+    """The outcomes a bisect measured are kept in specwake's cache, keyed by the installed build, the diff overlaid
+    and the scenario: a later bisect over some of the same commits starts no server for them and says so; another
+    scenario (more cycles) or --remeasure runs them."""
+    h = fake_history
+    proc, first = fake_bisect(h, tmp_path, "stock", "other", out="first")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert first["runs"] == 3 == len(engine.servers()) and first["reused"] == []
+    proc, again = fake_bisect(h, tmp_path, "stock", "fix", out="again")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(engine.servers()) == 3  # no server started: both endpoints were measured by the first bisect
+    assert again["runs"] == 0 and again["reused"] == [h["stock"], h["fix"]]
+    assert again["result"]["word"] == "first fixed" and again["result"]["commit"]["sha"] == h["fix"]
+    steps = {s["commit"]["sha"]: s for s in again["steps"]}
+    assert steps[h["fix"]]["reused"] == str(first_step_folder(tmp_path / "first", h["fix"]))
+    assert (steps[h["stock"]]["outcome"], steps[h["fix"]]["outcome"]) == ("collapse", "recover")
+    assert f"bad endpoint: {h['fix'][:10]} → recover (bad) reused: an earlier bisect measured" in proc.stderr
+    assert "2 outcome(s) an earlier bisect measured, reused (--remeasure runs them again):" in proc.stdout
+    assert "| recover (reused) |" in proc.stdout
+    proc, cycles = fake_bisect(h, tmp_path, "stock", "fix", "--cycles", "2", out="cycles")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert cycles["runs"] == 2 and cycles["reused"] == [] and len(engine.servers()) == 5
+    proc, remeasured = fake_bisect(h, tmp_path, "stock", "fix", "--remeasure", out="remeasured")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert remeasured["runs"] == 2 and remeasured["reused"] == [] and len(engine.servers()) == 7
+    assert "reused" not in proc.stderr
+
+
+def first_step_folder(output: Path, sha: str) -> Path:
+    (root,) = output.iterdir()
+    return root / "steps" / sha[:10]

@@ -1,7 +1,7 @@
-"""End to end on real vLLM CPU in bfloat16: `specwake run scenarios/tiny-cpu-bf16.toml` through the CLI, once per
-module. Completions are compared with fresh the way vLLM's model tests compare two runs, so stock vLLM reads
-`collapse` and the reference patch `recover`; where a collapsed stage's tokens part from fresh at a near-tie (bf16
-kernels of another step shape), that is a note, never `corrupt`. Skips only when vLLM is missing and
+"""End to end on real vLLM CPU in bfloat16: scenarios/tiny-cpu-bf16.toml through the CLI, in the session's shared
+run (tests/helpers/shared_runs.py). Completions are compared with fresh the way vLLM's model tests compare two runs, so
+stock vLLM reads `collapse` and the reference patch `recover`; where a collapsed stage's tokens part from fresh at a
+near-tie (bf16 kernels of another step shape), that is a note, never `corrupt`. Skips only when vLLM is missing and
 SPECWAKE_REQUIRE_VLLM is unset.
 """
 
@@ -11,27 +11,25 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.procs import require_module, run_scenario_cli, variant_of
+from tests.helpers.procs import require_module, variant_of
+from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
-# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
-pytestmark = pytest.mark.timeout(1500)
+SCENARIOS = Scenarios.shipped("tiny-cpu-bf16", "scenarios/tiny-cpu-bf16.toml", budget_s=1500)
+pytestmark = pytest.mark.shared_run(SCENARIOS)
 
 require_module("vllm")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("bf16-results")
-    return run_scenario_cli("scenarios/tiny-cpu-bf16.toml", out, timeout=1500)
+def run(shared_run: SharedRun) -> dict[str, Any]:
+    return shared_run.view(SCENARIOS)
 
 
 variant = variant_of
 
 
-def test_exit_zero_and_verdict_pass(run: dict[str, Any]) -> None:
-    proc = run["proc"]
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
-    assert run["result"]["verdict"] == "pass" and run["result"]["complete"] is True
+def test_verdict_pass(run: dict[str, Any]) -> None:
+    assert run["result"]["verdict"] == "pass" and run["result"]["complete"] is True, outcome_note(run)
     assert run["leftovers"] == []
 
 

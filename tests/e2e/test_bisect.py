@@ -6,7 +6,9 @@ models), (5) a change to the build (CMakeLists.txt, csrc/); every one of them al
 tagged on a release branch off (0), after a commit of its own, so the tag is no ancestor of main. On tiny-cpu's
 baseline variant bisect finds commit 4 as the first bad one for the recover expectation, skipping and naming
 commit 5, and, from the release tag (their merge base, commit 0), commit 2 as the one that fixed the collapse,
-within ⌈log2 N⌉ + 2 runs each: 7 real runs in all. Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
+within ⌈log2 N⌉ + 2 steps each. The second search reuses commit 2's outcome, which the first measured (kept in
+specwake's cache, keyed by the installed build, the diff and the scenario): 5 real runs in all. Skips only when vLLM is
+missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def broke(history: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], di
 
 
 @pytest.fixture(scope="module")
-def fixed(history: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def fixed(history: dict[str, Any], broke: tuple) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """After `broke`, in the same specwake cache: the commits it measured are not run again."""
     return bisect(history, "--good", f"v{history['version']}", "--bad", history["shas"][2])
 
 
@@ -121,7 +124,26 @@ def test_the_commit_that_fixed_the_collapse_is_found(history: dict[str, Any], fi
     assert f"--good v{history['version']} is not an ancestor of --bad {shas[2]}" in proc.stdout
     verdicts = {s["commit"]["sha"]: s["verdict"] for s in data["steps"]}
     assert verdicts[shas[0]] == "unfixed" and verdicts[shas[2]] == "fixed"  # the words swapped
-    assert data["runs"] <= math.ceil(math.log2(2)) + 2
+    assert data["runs"] + len(data["reused"]) <= math.ceil(math.log2(2)) + 2
+
+
+def measured(data: dict[str, Any]) -> set[str]:
+    return {s["commit"]["sha"] for s in data["steps"] if s["verdict"] != "skip" and not s["reused"]}
+
+
+def test_the_second_search_reuses_what_the_first_measured_and_runs_none_of_it_again(
+    history: dict[str, Any], broke: tuple, fixed: tuple
+) -> None:
+    (_, first), (proc, second) = broke, fixed
+    shas = history["shas"]
+    assert first["reused"] == [] and measured(first) == {shas[2], shas[3], shas[4]}
+    assert second["reused"] == [shas[2]]  # the fix: the first search's good endpoint, the second's bad one
+    assert measured(second) == {shas[0], shas[1]} and not measured(second) & measured(first)
+    assert second["runs"] == 2
+    (step,) = [s for s in second["steps"] if s["reused"]]
+    assert step["outcome"] == "recover" and step["reused"].endswith(f"/steps/{shas[2][:10]}")
+    assert f"bad endpoint: {shas[2][:10]} → recover (bad) reused: an earlier bisect measured" in proc.stderr
+    assert "1 outcome(s) an earlier bisect measured, reused (--remeasure runs them again):" in proc.stdout
 
 
 def test_bad_input_is_exit_2_before_any_run(history: dict[str, Any]) -> None:

@@ -1,9 +1,9 @@
 """End to end on real vLLM CPU: broken reload_weights must be named for what they are.
 
-Runs `specwake run tests/data/crash-cpu.toml` through the CLI once per module: the baseline is still measured (it
-collapses); the patched variant's reload_weights raises (outcome crash, class step_failed); the skiptarget
-variant's reload_weights skips the target (outcome corrupt: wrong text, the target's weights unlike fresh). Every
-expectation is met. Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
+Runs tests/data/crash-cpu.toml through the CLI, in the session's shared run (tests/helpers/shared_runs.py): the
+baseline is still measured (it collapses); the patched variant's reload_weights raises (outcome crash, class
+step_failed); the skiptarget variant's reload_weights skips the target (outcome corrupt: wrong text, the target's
+weights unlike fresh). Every expectation is met. Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
 from __future__ import annotations
@@ -13,28 +13,25 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.procs import require_module, run_scenario_cli, variant_of
+from tests.helpers.procs import require_module, variant_of
+from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
-# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
-pytestmark = pytest.mark.timeout(1200)
+SCENARIOS = Scenarios.shipped("crash", "tests/data/crash-cpu.toml", budget_s=1200)
+pytestmark = pytest.mark.shared_run(SCENARIOS)
 
-SCENARIO = "tests/data/crash-cpu.toml"
 require_module("vllm")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("crash-results")
-    return run_scenario_cli(SCENARIO, out, timeout=1200)
+def run(shared_run: SharedRun) -> dict[str, Any]:
+    return shared_run.view(SCENARIOS)
 
 
 variant = variant_of
 
 
-def test_exit_zero_both_expectations_met(run: dict[str, Any]) -> None:
-    proc = run["proc"]
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
-    assert run["result"]["verdict"] == "pass" and run["result"]["complete"] is True
+def test_verdict_pass_every_expectation_met(run: dict[str, Any]) -> None:
+    assert run["result"]["verdict"] == "pass" and run["result"]["complete"] is True, outcome_note(run)
     assert all(v["matched"] for v in run["result"]["variants"])
 
 

@@ -1,6 +1,6 @@
-"""End to end on real vLLM CPU: the whole drafter-family matrix (scenarios/cpu/*.toml) in one `specwake run`, each
-server started once. Every family runs with three vLLMs: stock (baseline), the reference fix (patched) and the
-known-bad first fix (naive, tests/data/naive-draft-reload.diff).
+"""End to end on real vLLM CPU: the whole drafter-family matrix (scenarios/cpu/*.toml) in the session's shared run
+(tests/helpers/shared_runs.py), each server started once. Every family runs with three vLLMs: stock (baseline), the
+reference fix (patched) and the known-bad first fix (naive, tests/data/naive-draft-reload.diff).
 
 Stock must collapse everywhere and the reference fix recover everywhere; the naive fix recovers draft_model,
 EAGLE3 and MiMo but crashes the Gemma4 engine — the incomplete fix this matrix exists to catch before a GPU is spent.
@@ -9,6 +9,7 @@ Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,8 @@ import pytest
 
 from specwake.report.markdown import for_terminal
 from tests.helpers.paths import REPO
-from tests.helpers.procs import require_module, run_scenario_cli
-
-# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
-pytestmark = pytest.mark.timeout(3600)
+from tests.helpers.procs import require_module
+from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
 CPU_SCENARIOS = REPO / "scenarios" / "cpu"
 NAIVE = REPO / "tests" / "data" / "naive-draft-reload.diff"
@@ -42,25 +41,33 @@ def family_scenarios() -> list[Path]:
     return sorted(p for p in CPU_SCENARIOS.glob("*.toml") if not p.name.startswith(("push-", "sync-")))
 
 
-def copied(source: Path, folder: Path, name: str, extra: str = "", cycle: str = "") -> str:
+def copied(source: Path, folder: Path, name: str, extra: str = "", cycle: str = "") -> Path:
     """The shipped scenario with its patch path made absolute, `extra` appended and `cycle` keys added."""
     text = source.read_text().replace('"../patches/', f'"{CPU_SCENARIOS.parent}/patches/')
     text = text.replace("[cycle]\n", f"[cycle]\n{cycle}") + extra
     copy = folder / name
     copy.write_text(text)
-    return str(copy)
+    return copy
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    folder = tmp_path_factory.mktemp("families")
+def write_scenarios(folder: Path) -> list[Path]:
+    """Every family with the naive fix as a third variant, and the MiMo family once more with a random discard."""
     naive = f'\n[variants.naive]\npatch = "{NAIVE}"\n'
     scenarios = [copied(path, folder, path.name, extra=naive) for path in family_scenarios()]
     mimo = (CPU_SCENARIOS / "mimo-mtp.toml").read_text().replace('name = "cpu-mimo-mtp"', f'name = "{RANDOM_FILL}"')
     (folder / "mimo-source.toml").write_text(mimo)
     # the MiMo family once more, its discard leaving random values, not zeros
     scenarios.append(copied(folder / "mimo-source.toml", folder, "mimo-random.toml", cycle='discard_fill = "random"\n'))
-    return run_scenario_cli(scenarios, tmp_path_factory.mktemp("results"), timeout=3600)
+    return scenarios
+
+
+SCENARIOS = Scenarios("families", write_scenarios, budget_s=3600)
+pytestmark = pytest.mark.shared_run(SCENARIOS)
+
+
+@pytest.fixture(scope="module")
+def run(shared_run: SharedRun) -> dict[str, Any]:
+    return shared_run.view(SCENARIOS)
 
 
 def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
@@ -69,8 +76,7 @@ def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
 
 def test_the_matrix_covers_every_shipped_cpu_family(run: dict[str, Any]) -> None:
     assert sorted(run["results"]) == sorted([*FAMILIES, RANDOM_FILL])
-    proc = run["proc"]
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    assert all(r["verdict"] == "pass" and r["complete"] for r in run["results"].values()), outcome_note(run)
     assert run["leftovers"] == []
 
 
@@ -147,10 +153,22 @@ def test_the_discard_takes_every_kind_a_real_l2_sleep_takes(run: dict[str, Any],
         assert (answer["target"]["attribute"] > 0) == (scenario == "cpu-gemma4-mtp")
 
 
+def table_cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
 def test_the_combined_report_shows_the_matrix(run: dict[str, Any]) -> None:
+    """A row per scenario, a column per variant name (the shared run's other scenarios add theirs)."""
     report = (run["dir"] / "report.md").read_text()
     assert for_terminal(report) in run["proc"].stdout  # printed as plain text, for a CI log
-    assert "| scenario | baseline | patched | naive |" in report
+    lines = report.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| scenario |"))
+    table = itertools.takewhile(lambda line: line.startswith("|"), lines[first:])
+    header, _rule, *rows = [table_cells(line) for line in table]
+    matrix = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    for scenario, naive in FAMILIES.items():
+        outcomes = [matrix[scenario][name].split()[0] for name in ("baseline", "patched", "naive")]
+        assert outcomes == ["collapse", "recover", naive], matrix[scenario]
 
 
 def test_a_random_discard_is_still_caught_as_not_restored(run: dict[str, Any]) -> None:

@@ -2,7 +2,8 @@
 stock vLLM, one server per variant. A push to the target only leaves the drafter discarded (collapse); a push to target
 and drafter recovers, in every family (Gemma4's shared embedding and tied head included); a perturbed push changes the
 output while AL stays, and one that scales the drafter alone keeps the output and is caught by the drafter's
-fingerprint. Outputs and logprobs are compared with fresh in every stage.
+fingerprint. Outputs and logprobs are compared with fresh in every stage. In the session's shared run
+(tests/helpers/shared_runs.py).
 Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
@@ -14,19 +15,19 @@ import pytest
 
 from specwake.prepare.scenario import load_scenario
 from tests.helpers.paths import REPO
-from tests.helpers.procs import require_module, run_scenario_cli
+from tests.helpers.procs import require_module
+from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
-# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
-pytestmark = pytest.mark.timeout(2400)
+FILES = sorted(str(p.relative_to(REPO)) for p in (REPO / "scenarios" / "cpu").glob("push-*.toml"))
+SCENARIOS = Scenarios.shipped("push", *FILES, budget_s=2400)
+pytestmark = pytest.mark.shared_run(SCENARIOS)
 
 require_module("vllm")
 
-SCENARIOS = sorted(str(p.relative_to(REPO)) for p in (REPO / "scenarios" / "cpu").glob("push-*.toml"))
-
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_scenario_cli(SCENARIOS, tmp_path_factory.mktemp("push"), timeout=2400)
+def run(shared_run: SharedRun) -> dict[str, Any]:
+    return shared_run.view(SCENARIOS)
 
 
 def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
@@ -34,13 +35,12 @@ def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
 
 
 def test_every_push_meets_its_expectation(run: dict[str, Any]) -> None:
-    proc = run["proc"]
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    assert all(r["verdict"] == "pass" and r["complete"] for r in run["results"].values()), outcome_note(run)
     assert run["leftovers"] == []
     assert all(v["matched"] for r in run["results"].values() for v in r["variants"])
 
 
-@pytest.mark.parametrize("scenario", [load_scenario(REPO / p).name for p in SCENARIOS])
+@pytest.mark.parametrize("scenario", [load_scenario(REPO / p).name for p in FILES])
 def test_a_full_push_recovers_and_a_target_only_push_collapses(run: dict[str, Any], scenario: str) -> None:
     both = variant(run, scenario, "target-and-draft")
     assert both["outcome"] == "recover" and both["push"]["to"] == ["target", "draft"]

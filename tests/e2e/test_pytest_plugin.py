@@ -20,6 +20,9 @@ from tests.helpers.procs import require_module
 
 require_module("vllm")
 
+RUN_S = 900  # the pytest run of the scenario, both servers side by side
+pytestmark = pytest.mark.timeout(RUN_S + 300)  # the run's own limit fires first, with its message
+
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -29,7 +32,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "xdist", "-n", "2", "-v",
          "scenarios/cpu/draft-model.toml",
          "--junitxml", str(junit), "--specwake-output", str(tmp / "out"), "--specwake-cycles", "1"],
-        cwd=REPO, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
+        cwd=REPO, capture_output=True, text=True, timeout=RUN_S, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")} if junit.is_file() else {}
     return {"proc": proc, "cases": cases, "out": tmp / "out"}

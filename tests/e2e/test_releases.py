@@ -18,8 +18,17 @@ from packaging.version import Version
 
 from specwake.prepare.overlay import Overlay, build_overlay
 from tests.helpers.paths import REPO
-from tests.helpers.releases import gpu_requirement, patch_header_releases, release_tree, supported_releases
+from tests.helpers.releases import (
+    DOWNLOAD_TIMEOUT_S,
+    gpu_requirement,
+    patch_header_releases,
+    release_tree,
+    supported_releases,
+)
 from tests.helpers.vllm_api import check_uses
+
+# a release's first test downloads it (pip's own limit: DOWNLOAD_TIMEOUT_S) and builds every overlay on it
+pytestmark = pytest.mark.timeout(DOWNLOAD_TIMEOUT_S + 300)
 
 PATCHES = sorted((REPO / "scenarios" / "patches").glob("*.diff"))
 WORKER = sorted((REPO / "specwake" / "worker").glob("*.py"))

@@ -15,11 +15,19 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from specwake.runfolder import load_result
 from tests.helpers.paths import REPO
 from tests.helpers.procs import SERVER_MARK, processes_with_env, require_module
 
 require_module("vllm")
+
+PATCHED_MEASURING_S = 600  # the baseline started and measured, then the patched server started
+INTERRUPTED_S = 60  # Ctrl-C to exit: every server stopped, the partial result saved
+RESUMED_S = 900  # the patched variant started and measured again
+# pytest-timeout must not fire before the test's own limits, each with its own message
+pytestmark = pytest.mark.timeout(PATCHED_MEASURING_S + INTERRUPTED_S + RESUMED_S + 120)
 
 
 def live_with_marker(value: str) -> list[tuple[int, str]]:
@@ -67,10 +75,10 @@ def test_interrupt_then_resume(tmp_path: Path) -> None:
     proc = subprocess.Popen([*argv, "--output", str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        run_dir = wait_for(lambda: patched_measuring(tmp_path), 600, "the patched variant's first stage")
+        run_dir = wait_for(lambda: patched_measuring(tmp_path), PATCHED_MEASURING_S, "the patched variant to measure")
         proc.send_signal(signal.SIGINT)
         signalled = time.monotonic()
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=INTERRUPTED_S)
         wait_for(lambda: not live_with_marker(mark), max(1.0, 10 - (time.monotonic() - signalled)), "servers to go")
     finally:
         if proc.poll() is None:
@@ -85,7 +93,7 @@ def test_interrupt_then_resume(tmp_path: Path) -> None:
     baseline_before = next(v for v in partial.variants if v.name == "baseline")
 
     resumed = subprocess.run([*argv, "--resume", str(run_dir)], cwd=REPO, env=env, capture_output=True, text=True,
-                             timeout=900)  # fmt: skip
+                             timeout=RESUMED_S)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert not live_with_marker(mark)
     final = load_result(run_dir)

@@ -1,7 +1,8 @@
 """End to end on real vLLM CPU: a 20-cycle soak at L1 and at L2 side by side (tests/data/soak-cpu.toml), one server
-per level. The report must carry the per-cycle wake ledger and its drift line, the two levels as two variants of one
-table, and the prefix cache empty after every wake. vLLM's CPU worker ignores sleep, so the L1 variant tests
-nothing: it is `untested`, never `recover`, and the run's verdict is `error` (exit 3). Skips only when vLLM is
+per level, in the session's shared run (tests/helpers/shared_runs.py). The report must carry the per-cycle wake ledger
+and its drift line, the two levels as two variants of one table, and the prefix cache empty after every wake. vLLM's
+CPU worker ignores sleep, so the L1 variant tests nothing: it is `untested`, never `recover`, and the scenario's
+verdict is `error`. Skips only when vLLM is
 missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
@@ -11,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.procs import require_module, run_scenario_cli, variant_of
+from tests.helpers.procs import require_module, variant_of
+from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
-# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
-pytestmark = pytest.mark.timeout(1800)
+SCENARIOS = Scenarios.shipped("soak", "tests/data/soak-cpu.toml", budget_s=1800)
+pytestmark = pytest.mark.shared_run(SCENARIOS)
 
 require_module("vllm")
 
@@ -22,15 +24,13 @@ CYCLES = 20
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_scenario_cli("tests/data/soak-cpu.toml", tmp_path_factory.mktemp("soak"), timeout=1800)
+def run(shared_run: SharedRun) -> dict[str, Any]:
+    return shared_run.view(SCENARIOS)
 
 
 def test_l2_recovers_over_every_cycle_and_the_ignored_l1_sleep_is_untested(run: dict[str, Any]) -> None:
-    proc = run["proc"]
-    assert proc.returncode == 3, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    assert run["result"]["verdict"] == "error" and run["result"]["complete"] is True, outcome_note(run)
     assert run["leftovers"] == []
-    assert run["result"]["verdict"] == "error"
     for name, level, outcome in (("patched-L1", 1, "untested"), ("patched-L2", 2, "recover")):
         v = variant_of(run, name)
         assert v["outcome"] == outcome and v["findings"] == [], (name, v["outcome"], v["findings"])

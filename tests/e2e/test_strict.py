@@ -1,5 +1,6 @@
 """End to end on real vLLM CPU: fixes that are almost right, each caught with its named reason, as a GPU run would catch
-it. One `specwake run` of the EAGLE3 family, one server per variant:
+it. A scenario of the EAGLE3 family in the session's shared run (tests/helpers/shared_runs.py), one server per
+variant:
 
 - `wrong-weights`: the reference fix, but on the second reload two of the drafter's norm weights come back 1.5× too
   large. Greedy drafting is unchanged (AL stays 4.00, outputs equal): only the drafter's checksums show it.
@@ -28,10 +29,8 @@ from typing import Any
 import pytest
 
 from tests.helpers.paths import REPO
-from tests.helpers.procs import require_module, run_scenario_cli, variant_of
-
-# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
-pytestmark = pytest.mark.timeout(1800)
+from tests.helpers.procs import require_module, variant_of
+from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
 require_module("vllm")
 
@@ -128,15 +127,23 @@ def write_patches(folder: Path) -> dict[str, Path]:
     return paths
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    folder = tmp_path_factory.mktemp("strict")
+def write_scenario(folder: Path) -> list[Path]:
+    """strict-eagle3.toml: a variant per almost-right fix, each expected to recover."""
     patches = write_patches(folder)
     text = SCENARIO + "".join(f'[variants.{name}]\npatch = "{patches[name]}"\n' for name in VARIANTS)
     text += "[expect]\n" + "".join(f'{name} = "recover"\n' for name in VARIANTS)
     scenario = folder / "strict-eagle3.toml"
     scenario.write_text(text)
-    return run_scenario_cli(str(scenario), tmp_path_factory.mktemp("results"), timeout=1800)
+    return [scenario]
+
+
+SCENARIOS = Scenarios("strict", write_scenario, budget_s=1800)
+pytestmark = pytest.mark.shared_run(SCENARIOS)
+
+
+@pytest.fixture(scope="module")
+def run(shared_run: SharedRun) -> dict[str, Any]:
+    return shared_run.view(SCENARIOS)
 
 
 def restores(variant: dict[str, Any], role: str = "draft") -> list[dict[str, Any]]:
@@ -146,8 +153,7 @@ def restores(variant: dict[str, Any], role: str = "draft") -> list[dict[str, Any
 
 
 def test_every_almost_right_fix_fails_and_the_right_one_passes(run: dict[str, Any]) -> None:
-    proc = run["proc"]
-    assert proc.returncode == 1, f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    assert run["result"]["verdict"] == "fail" and run["result"]["complete"] is True, outcome_note(run)
     assert run["leftovers"] == []
     matched = {name: variant_of(run, name)["matched"] for name in VARIANTS}
     assert matched == {

@@ -5,7 +5,7 @@ leaves the drafter discarded (collapse); a target session plus a draft session r
 in the wake ledger, with vLLM's own operation time beside specwake's, and vLLM's /weight_checker agrees with specwake's
 fingerprint of the target. A drafter sync that is partial (push_skip) or slightly wrong (push_scale ×1.05 on the
 drafter alone) is caught by the drafter's fingerprint (`degraded`), while the completions stay as fresh. The other
-families run in `make sync`.
+families run in `make sync`. In the session's shared run (tests/helpers/shared_runs.py).
 Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
@@ -16,14 +16,16 @@ from typing import Any
 import pytest
 
 from specwake.protocol import SYNC_POINT
-from tests.helpers.procs import require_module, run_scenario_cli
+from tests.helpers.procs import require_module
+from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
-# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
-pytestmark = pytest.mark.timeout(1800)
+SCENARIOS = Scenarios.shipped(
+    "sync", "scenarios/cpu/sync-draft-model.toml", "scenarios/cpu/sync-mimo-mtp.toml", budget_s=1800
+)
+pytestmark = pytest.mark.shared_run(SCENARIOS)
 
 require_module("vllm")
 
-SCENARIOS = ["scenarios/cpu/sync-draft-model.toml", "scenarios/cpu/sync-mimo-mtp.toml"]
 NAMES = ["cpu-sync-draft-model", "cpu-sync-mimo-mtp"]
 
 TARGET_SESSION = ["start_weight_update", "update_weights", "finish_weight_update"]
@@ -31,8 +33,8 @@ DRAFT_SESSION = ["start_draft_weight_update", "update_weights", "finish_weight_u
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return run_scenario_cli(SCENARIOS, tmp_path_factory.mktemp("sync"), timeout=1800)
+def run(shared_run: SharedRun) -> dict[str, Any]:
+    return shared_run.view(SCENARIOS)
 
 
 def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
@@ -49,8 +51,8 @@ def collapse_runs(names: list[str]) -> list[str]:
 
 
 def test_every_sync_meets_its_expectation(run: dict[str, Any]) -> None:
-    proc = run["proc"]
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    assert sorted(run["results"]) == NAMES
+    assert all(r["verdict"] == "pass" and r["complete"] for r in run["results"].values()), outcome_note(run)
     assert run["leftovers"] == []
     assert all(v["matched"] for r in run["results"].values() for v in r["variants"])
 

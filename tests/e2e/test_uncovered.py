@@ -1,6 +1,6 @@
-"""End to end on real vLLM CPU: a drafter parameter that no load writes, as DSpark's `mask_embedding`. One `specwake
-run` of the EAGLE3 family with the reference fix, one server per variant, the emulated discard leaving random values
-(as freed CUDA memory does):
+"""End to end on real vLLM CPU: a drafter parameter that no load writes, as DSpark's `mask_embedding`. A scenario of
+the EAGLE3 family with the reference fix in the session's shared run (tests/helpers/shared_runs.py), one server per
+variant, the emulated discard leaving random values (as freed CUDA memory does):
 
 - `ignored` (tests/data/eagle3-unloaded-param.diff): the forward never reads it. The reload cannot bring it back, and
   nothing needs it: the fix recovers, and the report names the parameter apart from the judged ones.
@@ -12,15 +12,14 @@ Both expect `recover`, as their author would. Skips only when vLLM is missing an
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers.paths import REPO
-from tests.helpers.procs import require_module, run_scenario_cli, variant_of
-
-# The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
-pytestmark = pytest.mark.timeout(1800)
+from tests.helpers.procs import require_module, variant_of
+from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
 require_module("vllm")
 
@@ -54,9 +53,8 @@ step_timeout_s = 300
 PATCHES = {"ignored": "eagle3-unloaded-param.diff", "read": "eagle3-unloaded-param-read.diff"}
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    folder = tmp_path_factory.mktemp("uncovered")
+def write_scenario(folder: Path) -> list[Path]:
+    """uncovered-eagle3.toml: a variant per patch, each with the reference fix, each expected to recover."""
     text = SCENARIO
     for name, diff in PATCHES.items():
         patch = folder / f"{name}.diff"
@@ -65,7 +63,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     text += "[expect]\n" + "".join(f'{name} = "recover"\n' for name in PATCHES)
     scenario = folder / "uncovered-eagle3.toml"
     scenario.write_text(text)
-    return run_scenario_cli(str(scenario), tmp_path_factory.mktemp("results"), timeout=1800)
+    return [scenario]
+
+
+SCENARIOS = Scenarios("uncovered", write_scenario, budget_s=1800)
+pytestmark = pytest.mark.shared_run(SCENARIOS)
+
+
+@pytest.fixture(scope="module")
+def run(shared_run: SharedRun) -> dict[str, Any]:
+    return shared_run.view(SCENARIOS)
 
 
 def drafter_at(variant: dict[str, Any], point: str) -> list[dict[str, Any]]:
@@ -75,8 +82,7 @@ def drafter_at(variant: dict[str, Any], point: str) -> list[dict[str, Any]]:
 
 
 def test_only_the_variant_whose_forward_reads_it_fails(run: dict[str, Any]) -> None:
-    proc = run["proc"]
-    assert proc.returncode == 1, f"stdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-6000:]}"
+    assert run["result"]["verdict"] == "fail" and run["result"]["complete"] is True, outcome_note(run)
     assert run["leftovers"] == []
     assert {name: variant_of(run, name)["matched"] for name in PATCHES} == {"ignored": True, "read": False}
 

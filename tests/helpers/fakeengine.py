@@ -76,6 +76,12 @@ current_platform = _CudaPlatform() if os.environ.get("FAKE_VLLM_PLATFORM") == "c
 """
 
 
+# The fake interpreter's torch: specwake's probe reads its version, nothing in a fake server uses it. The real torch
+# would take seconds to import in every probe; specwake's worker modules (`-m specwake.worker.build` writes a builtin
+# model's real weights, `-m specwake.worker.validate` may load its tokenizer) still get the real one.
+_TORCH = '__version__ = "0.0.fake"\n'
+
+
 @dataclass(frozen=True)
 class ServerSpan:
     """One fake server's life as it recorded it: wall-clock start and exit, GPUs it was given, its log."""
@@ -155,6 +161,8 @@ def make_fake_engine(tmp: Path) -> FakeEngine:
     pkg = site / "vllm"
     launches = root / "launches.log"
     mark = uuid.uuid4().hex
+    (root / "fake-torch" / "torch").mkdir(parents=True)
+    (root / "fake-torch" / "torch" / "__init__.py").write_text(_TORCH)
     files = {
         "__init__.py": '__version__ = "0.0.fake"\n',
         "drafter_reload.py": BEHAVIOUR_TEXT,
@@ -173,6 +181,7 @@ def make_fake_engine(tmp: Path) -> FakeEngine:
         f'echo "$*" >> {root / "invocations.log"}\n'
         f"export {MARK_NAME}={mark} PYTHONDONTWRITEBYTECODE=1 FAKE_ENGINE_ROOT={root} FAKE_ENGINE_TESTS={TESTS}\n"
         f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{site}"\n'
+        f'case "$1 $2" in "-m specwake.worker."*) ;; *) PYTHONPATH="$PYTHONPATH:{root / "fake-torch"}" ;; esac\n'
         f'exec {sys.executable} "$@"\n'
     )
     python.chmod(0o755)

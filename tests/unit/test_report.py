@@ -99,6 +99,33 @@ def test_stage_table_numbers_match_an_independent_computation() -> None:
                 assert row[6] == f"{value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
                 assert r.ci_low <= value <= r.ci_high
                 assert row[9] == "yes"
+            assert row[10] == str(len(stage.tok_s))  # results from before stages could stop early: the count
+
+
+def test_requests_and_why_each_stage_stopped_are_shown() -> None:
+    result = tiny_cpu()
+    baseline = result.variants[0]
+    why = [
+        "fixed: the fresh stage is the reference",
+        "decided after 2 requests: AL below the recover bound 3.80 and the collapse line 1.05 (α 0.01)",
+        "cap: 3 requests (repeats); undecided: AL against the recover bound 3.80",
+    ]
+    stages = [replace(s, requests=n, stopped=w) for s, n, w in zip(baseline.stages, (3, 2, 3), why, strict=True)]
+    settings = dict(result.scenario["settings"])
+    settings["workload"] = {**settings["workload"], "min_repeats": None}  # unset: 2, as the scenario file allows
+    stopped = replace(
+        result, variants=[replace(baseline, stages=stages), *result.variants[1:]], scenario={**result.scenario,
+        "settings": settings},
+    )  # fmt: skip
+    text = render_markdown([stopped])
+    assert [row[10] for row in _table_rows(text, "baseline")] == ["3 (fixed)", "2 (decided)", "3 (cap)"]
+    assert [row[10] for row in _table_rows(text, "patched")] == ["3", "3", "3"]  # recorded before: the count
+    assert "3 requests (2–3 after a cycle) × 64 tokens per stage" in text
+    assert "3 requests × 64 tokens per stage" in render_markdown([result])  # no min_repeats recorded: no range
+    assert f"- after L2 #1: 2 — {why[1]}" in text and "baseline: per-position acceptance, requests per stage" in text
+    frame = stages_frame([stopped])
+    assert frame["requests"].tolist() == [3, 2, 3, 3, 3, 3]
+    assert frame["stopped"].tolist()[:3] == why and frame["stopped"].isna().tolist()[3:] == [True] * 3
 
 
 def test_stage_table_has_stable_widths_and_stage_order() -> None:
@@ -212,9 +239,9 @@ def test_markdown_missing_values_are_dashes_and_native_runs_have_no_note() -> No
     result = graphed_gpu()
     text = render_markdown([result])
     assert "L2 discard emulated on CPU" not in text
-    fresh = ["baseline", "fresh", "3.20", "50", "110/150", "88.0 (n=1)", "–", "–", "–", "–"]
+    fresh = ["baseline", "fresh", "3.20", "50", "110/150", "88.0 (n=1)", "–", "–", "–", "–", "1"]
     assert _table_rows(text, "baseline")[0] == fresh
-    assert _table_rows(text, "patched\\|v2")[0] == ["patched\\|v2", "no stage measured", *["–"] * 8]
+    assert _table_rows(text, "patched\\|v2")[0] == ["patched\\|v2", "no stage measured", *["–"] * 9]
 
 
 def test_markdown_marks_stages_whose_counters_went_backwards() -> None:

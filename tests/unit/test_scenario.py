@@ -196,3 +196,23 @@ def test_a_sync_may_be_perturbed_and_partial_per_model(tmp_path: Path) -> None:
     assert off.push_scale == (("draft:model.norm.weight", 1.05),)
     assert off.push_skip == ("draft:model.layers.1.*", "lm_head.weight")
     assert s.settings()["variants"]["off"]["push_skip"] == ["draft:model.layers.1.*", "lm_head.weight"]
+
+
+def test_min_repeats_defaults_to_two_or_repeats_and_may_not_exceed_repeats(tmp_path: Path) -> None:
+    assert load_scenario(write(tmp_path, MINIMAL)).workload.least_repeats == 2
+    one = load_scenario(write(tmp_path, MINIMAL + "[workload]\nrepeats = 1\n", "one.toml"))
+    assert one.workload.least_repeats == 1  # the default never exceeds repeats
+    five = load_scenario(write(tmp_path, MINIMAL + "[workload]\nmin_repeats = 5\n", "five.toml"))
+    assert five.workload.least_repeats == 5 == five.workload.repeats
+    over = write(tmp_path, MINIMAL + "[workload]\nrepeats = 3\nmin_repeats = 4\n", "over.toml")
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(over)
+    assert str(info.value) == f"{over}: workload.min_repeats: must be at most workload.repeats (3)"
+    zero = write(tmp_path, MINIMAL + "[workload]\nmin_repeats = 0\n", "zero.toml")
+    with pytest.raises(ScenarioError, match="workload.min_repeats: .*greater than or equal to 1"):
+        load_scenario(zero)
+    for argv in (["check", str(over)], ["run", str(over), "--output", str(tmp_path / "out")]):
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2, argv[0]
+        assert f"{over}: workload.min_repeats: must be at most workload.repeats (3)" in result.output, argv[0]
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,111 @@
+"""The end-to-end tier's shared real run: every scenario the CPU-matrix modules assert on, in one `specwake run`
+started once per pytest session (tests/e2e/conftest.py), its servers side by side on the machine's cores.
+
+A module names its scenarios with `pytestmark = pytest.mark.shared_run(Scenarios(...))` and reads them back with
+`SharedRun.view`: the same answer `procs.run_scenario_cli` gives for a run of those scenarios alone (their result.json
+files, their folder), beside the shared process and what it left running. Only the scenarios of the modules pytest
+selected run: `pytest tests/e2e/test_vllm.py` runs tiny-cpu alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specwake.prepare.scenario import load_scenario
+from tests.helpers.paths import REPO
+from tests.helpers.procs import run_scenario_cli
+
+MARKER = "shared_run"
+# pytest-timeout counts the setup of the test that starts the shared run: the run's own limit must fire first, with
+# the process's output in its message.
+TIMEOUT_MARGIN_S = 300.0
+
+
+@dataclass(frozen=True)
+class Scenarios:
+    """One module's scenarios in the shared run: `write(folder)` writes its files into `folder` (a folder of its own)
+    or names shipped ones, and returns their paths. `key` names the module's share (its folder); `budget_s` is what
+    the scenarios may add to the shared run's time limit: the limit of a run of them alone (specwake's own deadlines,
+    a server's start, each step and request, end a stuck server well before)."""
+
+    key: str
+    write: Callable[[Path], Sequence[Path]]
+    budget_s: float
+
+    @classmethod
+    def shipped(cls, key: str, *paths: str, budget_s: float) -> Scenarios:
+        """Scenario files of the repository, as they are (paths from its root)."""
+        return cls(key, lambda _folder: [REPO / p for p in paths], budget_s)
+
+
+def budget(every: Sequence[Scenarios]) -> float:
+    """The shared run's limit: the sum of its scenarios' own, as their separate runs had."""
+    return sum(s.budget_s for s in every)
+
+
+def timeout_for(every: Sequence[Scenarios]) -> float:
+    """pytest-timeout's limit for a test of the shared run: the run's limit, and the margin for its own."""
+    return budget(every) + TIMEOUT_MARGIN_S
+
+
+def wanted(items: Iterable[pytest.Item]) -> list[Scenarios]:
+    """The scenarios of the selected tests' modules, each once, in key order."""
+    found = {m.args[0].key: m.args[0] for item in items for m in item.iter_markers(MARKER)}
+    return [found[key] for key in sorted(found)]
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """`run_scenario_cli`'s answer for the shared run, and the names of each module's scenarios in it."""
+
+    run: dict[str, Any]
+    names: dict[str, list[str]]  # Scenarios.key → scenario names
+
+    def folder(self, name: str) -> Path:
+        """A scenario's folder: its own in a run of several, the run's folder in a run of one."""
+        root: Path = self.run["dir"]
+        return root / name if self.run["results"] else root
+
+    def view(self, scenarios: Scenarios) -> dict[str, Any]:
+        """The run as a run of `scenarios` alone would read: `result` and `dir` (its folder) for one scenario, the
+        shared folder (with the combined report) for several; `results` by name; the shared `proc` and
+        `leftovers`."""
+        names = self.names[scenarios.key]
+        alone = {names[0]: self.run["result"]} if self.run["result"] else {}  # a run of one scenario
+        every = self.run["results"] or alone
+        proc = self.run["proc"]
+        missing = [n for n in names if n not in every]
+        assert not missing, f"no result.json for {missing} (exit {proc.returncode})\nstderr:\n{proc.stderr[-6000:]}"
+        results = {n: every[n] for n in names}
+        one = len(names) == 1
+        return {
+            "proc": proc,
+            "leftovers": self.run["leftovers"],
+            "results": results,
+            "result": results[names[0]] if one else {},
+            "dir": self.folder(names[0]) if one else self.run["dir"],
+        }
+
+
+def start(every: Sequence[Scenarios], scenario_folder: Path, output: Path) -> SharedRun:
+    """Write every module's scenarios into a folder of its own under `scenario_folder` and run them all at once
+    (`specwake run A.toml B.toml ... --output OUTPUT`)."""
+    paths: dict[str, list[Path]] = {}
+    for scenarios in every:
+        own = scenario_folder / scenarios.key
+        own.mkdir()
+        paths[scenarios.key] = list(scenarios.write(own))
+    names = {key: [load_scenario(p).name for p in files] for key, files in paths.items()}
+    run = run_scenario_cli([str(p) for files in paths.values() for p in files], output, timeout=budget(every))
+    return SharedRun(run, names)
+
+
+def outcome_note(run: dict[str, Any]) -> str:
+    """The shared process's exit code and output tails, for an assertion's message."""
+    proc = run["proc"]
+    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
