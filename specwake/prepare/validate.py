@@ -1,13 +1,15 @@
 """Before anything starts: a scenario's `[speculative]` table and server arguments checked by the variant's own vLLM
 (specwake.worker.validate, run in its interpreter), so a typo is exit 2 naming the file and key, not a server that
 fails after minutes on a GPU. One process per interpreter answers for every file of a run or a `check`, and every
-file with a problem gets its line. Answers are cached per installation and request; a vLLM that cannot answer (too
-old, or not a real vLLM) only costs the check, never the run.
+file with a problem gets its line. Answers are cached per installation, request and validation program (a specwake
+that checks differently asks again); a vLLM that cannot answer (too old, or not a real vLLM) only costs the check,
+never the run.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -29,6 +31,13 @@ from specwake.run.measure import probe_prompt
 
 TIMEOUT_S = 300.0
 PREFIX = "SPECWAKE_VALIDATE "
+PROGRAM = Path(__file__).resolve().parents[1] / "worker" / "validate.py"  # run in the variant's interpreter
+
+
+@functools.cache
+def _program_digest() -> str:
+    """The validation program's own text, part of every cached answer's key."""
+    return hashlib.sha256(PROGRAM.read_bytes()).hexdigest()
 
 
 def request_for(
@@ -53,7 +62,7 @@ def request_for(
 def _cache_file(cache: Path | None, stamp: str | None, request: dict[str, Any]) -> Path | None:
     if cache is None or stamp is None:
         return None
-    key = hashlib.sha256(json.dumps([stamp, request], sort_keys=True).encode()).hexdigest()[:24]
+    key = hashlib.sha256(json.dumps([stamp, _program_digest(), request], sort_keys=True).encode()).hexdigest()[:24]
     return cache / "validations" / f"{key}.json"
 
 

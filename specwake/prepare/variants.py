@@ -299,7 +299,8 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
 
 _ENTRYPOINTS = {
     "cli": "vllm serve (vllm.entrypoints.cli.main)",
-    "api_server": "vllm.entrypoints.openai.api_server (deprecated upstream; this vLLM cannot run `vllm serve`)",
+    "api_server": "vllm.entrypoints.openai.api_server through specwake.worker.serve (this vLLM cannot run "
+    "`vllm serve`)",
 }
 
 

@@ -69,6 +69,10 @@ class SpecwakeWorkerExtension:
             tp_rank, world_size = tp_group.rank_in_group, tp_group.world_size
         except (AssertionError, AttributeError, ImportError):
             tp_rank = getattr(self, "rank", None)
+        # "uni": this worker runs inside the engine core process; "mp": a process of its own (a class: its name)
+        backend = getattr(
+            getattr(getattr(self, "vllm_config", None), "parallel_config", None), "distributed_executor_backend", None
+        )
         return {
             "device": device,
             "vllm_version": str(getattr(vllm, "__version__", None)),
@@ -79,6 +83,7 @@ class SpecwakeWorkerExtension:
             "runner_class": type(self._specwake_runner()).__name__,
             "tp_rank": tp_rank,
             "world_size": world_size,
+            "executor": getattr(backend, "__name__", backend),
         }
 
     def specwake_fingerprint(self, save_as: str | None = None, compare_to: str | None = None) -> dict[str, Any]:

@@ -38,11 +38,30 @@ def speculative_problems(spec: dict[str, Any]) -> dict[str, Any]:
             unknown.append(key)
             continue
         try:
+            for parse in _before_validators(SpeculativeConfig, name):
+                value = parse(value)
             TypeAdapter(fields[name].annotation).validate_python(value)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            bad[key] = str(first.get("msg", exc)).splitlines()[0]
+            bad[key] = str(exc.errors()[0].get("msg", exc)).splitlines()[0]
+        except (ValueError, TypeError, KeyError) as exc:  # a before-validator's refusal
+            bad[key] = (str(exc) or type(exc).__name__).splitlines()[0]
     return {"valid_keys": valid, "unknown_keys": unknown, "bad_values": bad}
+
+
+def _before_validators(cls: Any, name: str) -> list[Any]:
+    """The class's own "before" field validators of field `name` that take the value alone, as vLLM's config runs
+    them ahead of the field's type: `attention_backend = "CPU_MLA"` is a name until one of them makes it the enum."""
+    import inspect
+
+    decorators = getattr(cls, "__pydantic_decorators__", None)
+    found = []
+    for decorator in getattr(decorators, "field_validators", {}).values():
+        if decorator.info.mode != "before" or name not in decorator.info.fields:
+            continue
+        parse = getattr(cls, decorator.cls_var_name)
+        if len(inspect.signature(parse).parameters) == 1:  # (value); one that also wants pydantic's info is left out
+            found.append(parse)
+    return found
 
 
 @functools.cache

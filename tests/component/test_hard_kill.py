@@ -113,6 +113,14 @@ def records(cache: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(registry_dir(cache).glob("*.json"))]
 
 
+def wait_watchdogs_gone(found: list[dict], within_s: float) -> None:
+    """Wait until the watchdog of every record has exited (it logs that its group stopped, then returns)."""
+    deadline = time.monotonic() + within_s
+    while any(start_ticks(r["watchdog"]) == r["watchdog_start"] for r in found):
+        assert time.monotonic() < deadline, f"a watchdog still runs {within_s} s after its group stopped"
+        time.sleep(0.05)
+
+
 # -- the run dies, its servers die with it -------------------------------------------------------------
 
 
@@ -144,8 +152,10 @@ def test_sigkill_of_specwake_mid_stage_stops_every_server_group(
         assert f"specwake (pid {proc.pid}) is gone: stopping server group {span.pid} (2 processes" in log
     print(f"{platform}: every server process gone {seconds:.2f} s after the SIGKILL")
 
-    # The records of the dead run's servers are dropped by the next look: nothing is left over.
+    # The records of the dead run's servers are dropped by the next look once their watchdogs have exited (a record
+    # is kept while its watchdog runs: it may be stopping the group right now): nothing is left over.
     assert len(records(tmp_path / "cache")) == 2
+    wait_watchdogs_gone(records(tmp_path / "cache"), GONE_WITHIN_S)
     code, _, err = cli("leftovers")
     assert code == 0 and "no leftover servers" in err, err
     assert records(tmp_path / "cache") == []

@@ -125,11 +125,13 @@ def test_a_good_scenario_and_every_shipped_one_pass_vllms_own_checks(tmp_path: P
 def test_the_validation_program_reports_every_problem_with_vllms_field_list() -> None:
     request = {
         "model": "some/model",
-        "speculative": {"method": "eagle3", "num_speculative_tokens": "three", "typo": 1},
+        "speculative": {"method": "eagle3", "num_speculative_tokens": "three", "typo": 1, "attention_backend": "NOPE"},
         "args": ["--seed", "0"],
         "variant_args": ["--no-such-flag"],
     }
-    good = {"model": "some/model", "speculative": {"method": "eagle3"}, "args": [], "variant_args": []}
+    # a backend's name, as `--speculative-config` takes it: vLLM's own before-validator makes it the enum
+    good = {"model": "some/model", "speculative": {"method": "eagle3", "attention_backend": "CPU_MLA"}, "args": [],
+            "variant_args": []}  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "specwake.worker.validate"],
         input=json.dumps([request, good]), capture_output=True, text=True, timeout=300, cwd=REPO,
@@ -140,6 +142,7 @@ def test_the_validation_program_reports_every_problem_with_vllms_field_list() ->
     assert answer["unknown_keys"] == ["typo"]
     assert {"method", "num_speculative_tokens", "model"} <= set(answer["valid_keys"])
     assert "target_model_config" not in answer["valid_keys"]  # vLLM fills those in itself
-    assert list(answer["bad_values"]) == ["num_speculative_tokens"]
+    assert list(answer["bad_values"]) == ["num_speculative_tokens", "attention_backend"]
+    assert "Unknown attention backend: 'NOPE'" in answer["bad_values"]["attention_backend"]
     assert answer["args_error"] is None
     assert "--no-such-flag" in answer["variant_args_error"]

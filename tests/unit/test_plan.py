@@ -65,7 +65,7 @@ def test_cpu_command_is_exact(scenario: Scenario) -> None:
     assert argv == [
         "/py",
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        "specwake.worker.serve",  # vLLM's api_server module, its engine core spared the import (worker/serve.py)
         "--host",
         "127.0.0.1",
         "--port",
@@ -95,9 +95,7 @@ def test_a_vllm_that_can_run_vllm_serve_is_launched_through_it(scenario: Scenari
     old = build_server_command(scenario, scenario.variants[0], entrypoint="api_server", **kwargs)  # type: ignore[arg-type]
     assert cli[:8] == ["/py", "-m", "vllm.entrypoints.cli.main", "serve", "/m/target", "--host", "127.0.0.1", "--port"]
     assert "--model" not in cli  # `vllm serve` takes the model positionally (and warns about --model)
-    assert (
-        old[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"] and old[old.index("--model") + 1] == "/m/target"
-    )
+    assert old[:3] == ["/py", "-m", "specwake.worker.serve"] and old[old.index("--model") + 1] == "/m/target"
     assert cli[8:] == [a for a in old[3:] if a not in ("--model", "/m/target")][3:]  # the rest is identical
 
 
