@@ -208,7 +208,7 @@ def check(
     """Validate scenarios with each variant's own vLLM and show exactly what `run` would start and measure (argv,
     env, GPUs or CPU cores, the run mode, where models load from); launches no server."""
     from specwake.prepare.scenario import Overrides
-    from specwake.run.session import check_all
+    from specwake.run.check import check_all
 
     ui = Ui()
     if patch is not None and what_it_is(patch) is not None:

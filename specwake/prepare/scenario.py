@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from specwake.errors import ScenarioError
 from specwake.files import what_it_is
 from specwake.judge.expectations import DEFAULT_TOLERANCE, Limits
+from specwake.prepare.prompts import BUILTIN_PROMPTS
 from specwake.prepare.scenario_file import (
-    BUILTIN_PROMPTS,
     LIMIT_KEYS,
     SAFE_NAME,
     CycleSection,

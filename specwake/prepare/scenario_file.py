@@ -49,17 +49,6 @@ EXPECT_NUMBERS = {
 }
 POSITIVE = {"min_speedup_recovery", "max_wake_s"}
 
-BUILTIN_PROMPTS = {
-    "mixed": (
-        "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
-        "Explain in three sentences why the sky is blue.",
-        "List the first ten prime numbers and say how you checked each one.",
-        "Summarise the plot of a heist story set on a night train across the Alps.",
-        "Translate to French: The meeting moved to Thursday because the room was booked.",
-        "Give step-by-step instructions to make a cup of green tea.",
-    ),
-}
-
 
 def _args_is_list(value: Any) -> Any:
     if isinstance(value, str):

@@ -25,9 +25,9 @@ from specwake.prepare.checkpoint import validate_entries
 from specwake.prepare.engine import EngineInfo, install_stamp
 from specwake.prepare.models import builder_env
 from specwake.prepare.plan import model_flags, speculative_config
+from specwake.prepare.prompts import probe_prompt
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.prepare.scenario_file import TRANSFER_FLAG
-from specwake.run.measure import probe_prompt
 
 TIMEOUT_S = 300.0
 PREFIX = "SPECWAKE_VALIDATE "

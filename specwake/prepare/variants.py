@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,18 +13,14 @@ from typing import Any
 
 from specwake.errors import PatchError, PlatformMismatch
 from specwake.events import Event, Events
-from specwake.judge.expectations import COLLAPSE_AL
-from specwake.judge.verdict import RULES, SLEEP_IGNORED, sleep_ignored, speed_rule
+from specwake.judge.verdict import SLEEP_IGNORED, sleep_ignored
 from specwake.prepare.engine import EngineInfo, probe_engine, resolve_python
-from specwake.prepare.hub import Availability, local_config
+from specwake.prepare.hub import local_config
 from specwake.prepare.models import is_builtin, resolve_model_ref
 from specwake.prepare.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
-from specwake.prepare.plan import VariantPlan, build_server_command, build_server_env, redact_env, resolve_discard
+from specwake.prepare.plan import VariantPlan, build_server_command, build_server_env, resolve_discard
 from specwake.prepare.scenario import Scenario, Variant
-from specwake.prepare.scenario_file import WorkloadSection
 from specwake.prepare.validate import validate_variants
-from specwake.protocol import PUSH_VIA, ROLES, SYNC_VIA, PushRequest
-from specwake.run.cycle import cycle_steps
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder that holds the specwake package
 
@@ -239,111 +234,6 @@ def plan_variant(
         cores=cores,
     )
     return VariantPlan(prep.variant, engine.python, argv, env, added, port, prep.l2_discard, gpus, cores)
-
-
-def _early_stop(w: WorkloadSection) -> str:
-    """How many requests a stage after a cycle takes, where it may stop early (specwake.run.measure)."""
-    if w.least_repeats >= w.repeats:
-        return ""
-    return f" (after a cycle {w.least_repeats}–{w.repeats}: until AL is decided, all where the speed rule binds)"
-
-
-def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) -> list[str]:
-    """What a run will measure and how it will decide, every default resolved (`specwake check`)."""
-    w, c = scenario.workload, scenario.cycle
-    source = w.prompts if isinstance(w.prompts, str) else "the scenario file"
-    emulated = any(p.l2_discard == "emulated" for p in prepared)
-    push = None
-    if c.reload != "reload_weights":  # every model some variant pushes into or syncs
-        to = tuple(r for r in ROLES if any(r in p.variant.push_to for p in prepared))
-        push = PushRequest(to or ("target",), via=SYNC_VIA if c.reload == "weight_transfer" else PUSH_VIA)
-    steps = "; ".join(
-        f"L{level}: " + " → ".join(step.name for step in cycle_steps(level, emulated, c.discard_fill, push))
-        for level in c.levels
-    )
-    fill = f", emulated discard fills {c.discard_fill}" if emulated and 2 in c.levels else ""
-    bound = 1.0 - scenario.tolerance
-    graphs = "a finding" if scenario.limits.graph_safe else "not checked (expect.graph_safe = false)"
-    lines = [
-        "  measures:",
-        f"    prompts: {len(scenario.prompts)} from {source}, first {_short(scenario.prompts[0])}",
-        f"    each stage: {w.warmup} warmup + {w.repeats} measured requests{_early_stop(w)}, one at a time;"
-        f" max_tokens {w.max_tokens},"
-        f" temperature {w.temperature:g}, ignore_eos {str(w.ignore_eos).lower()},"
-        f" request timeout {w.request_timeout_s:g} s",
-        f"    stages: fresh, then after each of {c.count} cycle(s): {steps}{fill}; step timeout {c.step_timeout_s:g} s",
-        "  decides (first rule that applies):",
-        *(f"    {rule.outcome:<9} {rule.text}" for rule in RULES),
-        f"    here: recover needs every post-cycle AL ≥ {bound:.0%} of fresh (tolerance {scenario.tolerance:g}),"
-        f" collapse is AL ≤ {COLLAPSE_AL:.2f}",
-        f"  findings: tensors in new storage after a reload, push or sync: {graphs}; a stale prefix cache;"
-        " [expect] limits",
-    ]
-    for prep in prepared:
-        rule = speed_rule(scenario.min_speedup_recovery, prep.l2_discard)
-        verb = {"push": "pushes to", "weight_transfer": "syncs through vLLM's weight-transfer API:"}.get(c.reload)
-        pushed = f"; {verb} {' and '.join(prep.variant.push_to)}" if verb else ""
-        if prep.variant.push_scale:
-            pushed += ", scaling " + ", ".join(f"{n} ×{f:g}" for n, f in prep.variant.push_scale)
-        if prep.variant.push_skip:
-            pushed += ", leaving out " + ", ".join(prep.variant.push_skip)
-        lines.append(
-            f"    {prep.variant.name}: expect {prep.variant.expected}{pushed}; speed {rule.min_ratio:.2f}× fresh"
-            f" — {rule.why}"
-        )
-        crash = chunked_draft_sync(scenario, prep.variant)
-        if crash:
-            lines.append(f"      note: {crash}")
-    return lines
-
-
-_ENTRYPOINTS = {
-    "cli": "vllm serve (vllm.entrypoints.cli.main)",
-    "api_server": "vllm.entrypoints.openai.api_server through specwake.worker.serve (this vLLM cannot run "
-    "`vllm serve`)",
-}
-
-
-def _short(text: str, limit: int = 50) -> str:
-    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
-
-
-def describe(
-    scenario: Scenario,
-    prepared: Sequence[PreparedVariant],
-    plans: Sequence[VariantPlan],
-    models: Sequence[Availability] = (),
-) -> str:
-    """What `run` would start for one scenario, and what it will measure, as plain text (`specwake check`)."""
-    lines = [f"{scenario.name}  ({scenario.file})", *measurement_plan(scenario, prepared)]
-    lines += [f"  model {m.model}: {m.where}" for m in models]
-    for prep, plan in zip(prepared, plans, strict=True):
-        engine = prep.engine
-        lines.append(f"  variant {prep.variant.name}  (expect {prep.variant.expected})")
-        lines.append(f"    interpreter: {engine.python}  (Python {engine.python_version})")
-        dists = ", ".join(engine.distributions) or engine.vllm_version
-        lines.append(f"    vLLM: {dists} at {engine.package_dir}  platform {engine.platform}")
-        lines.append(f"    entry point: {_ENTRYPOINTS.get(engine.entrypoint, engine.entrypoint)}")
-        if prep.overlay is not None:
-            state = "reused" if prep.overlay.reused else "built"
-            lines.append(
-                f"    overlay: {prep.overlay.root} ({state}); patched: {', '.join(prep.overlay.patched_files)}"
-            )
-            if prep.overlay.skipped_files:
-                lines.append(f"    skipped (outside vllm/): {', '.join(prep.overlay.skipped_files)}")
-        lines.append(f"    L2 discard: {prep.l2_discard}")
-        where = ",".join(map(str, plan.gpus)) if plan.gpus else ("all visible" if engine.is_gpu else "none (CPU)")
-        lines.append(f"    gpus: {where}")
-        if plan.cores:
-            lines.append(f"    cores: {','.join(map(str, plan.cores))} (the server is confined to them)")
-        lines.append("    argv: " + shlex.join(plan.argv))
-        for key, value in sorted(redact_env(plan.env_added).items()):
-            lines.append(f"    env: {key}={value}")
-        for note in cpu_no_ops(prep, scenario.cycle.reload != "reload_weights"):
-            lines.append(f"    note: {note}")
-        if prep.platform_problem:
-            lines.append(f"    NOT RUNNABLE HERE: {prep.platform_problem}")
-    return "\n".join(lines)
 
 
 def check_imports(prep: PreparedVariant, infos: list[Any]) -> str | None:

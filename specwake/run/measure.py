@@ -19,25 +19,12 @@ from specwake.errors import RequestFailed
 from specwake.judge.expectations import COLLAPSE_AL
 from specwake.judge.sequential import AcceptanceTest, acceptance_test, histogram
 from specwake.judge.verdict import recovery_bound
+from specwake.prepare.prompts import probe_prompt
 from specwake.prepare.scenario import Scenario
 from specwake.results import LOGPROB_TOLERANCE, NEAR_TIE_NATS, StageResult
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
 from specwake.run.metrics import SpecCounters, SpecDelta, counter_delta, parse_spec_counters
-
-# The prefix-cache probe: ~300 characters, several KV-cache blocks with any tokenizer, under 512 tokens with a
-# byte-level one. Every stage sends it twice: the first answer must show no cached tokens right after a wake (the
-# wake reset the prefix cache; a hit means stale hashes survived); the second shows the cache works at all.
-PREFIX_PROBE = (
-    "Specwake prefix probe. A shared preamble that every stage sends first, so that a prefix cache which kept "
-    "its hashes across a sleep and wake would serve these tokens from memory that no longer holds them. The "
-    "quick brown fox jumps over the lazy dog while the five boxing wizards jump quickly. Stage"
-)
-
-
-def probe_prompt(cycle: int) -> str:
-    """The prefix-cache probe of a stage (cycle 0: fresh)."""
-    return f"{PREFIX_PROBE} {cycle}."
 
 
 @dataclass(frozen=True)

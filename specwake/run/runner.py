@@ -12,12 +12,12 @@ from pathlib import Path
 
 from specwake.errors import Interrupted
 from specwake.events import Event, Events
-from specwake.judge.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.judge.verdict import speed_rule
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant
 from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
+from specwake.run.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.run.gate import AnyTime, Gate, Quiet, Turns
 from specwake.run.schedule import Job, run_packed, side_by_side
 from specwake.run.variant_run import VariantRun

@@ -10,23 +10,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import httpx
-
 from specwake.errors import EXIT_INTERRUPTED, EXIT_PASS, InputError, Interrupted
 from specwake.events import Event, Events
-from specwake.judge.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.judge.crashes import INPUT_REJECTED
 from specwake.judge.verdict import exit_code
-from specwake.prepare.checkpoint import checkpoints, tensor_lines
-from specwake.prepare.hub import availability, confirm_on_hub
-from specwake.prepare.models import is_builtin
 from specwake.prepare.scenario import Overrides, Scenario, load_scenario
 from specwake.prepare.variants import (
     PreparedVariant,
     available_cpus,
-    describe,
     inspect_patches,
-    plan_variant,
     prepare,
     require_runnable,
     validate_run,
@@ -34,9 +26,9 @@ from specwake.prepare.variants import (
 from specwake.report import render_markdown
 from specwake.report.junit import write_junit
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
+from specwake.run.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.run.leftovers import handle_leftovers, registry_dir
-from specwake.run.runner import MEASURING, Work, packing_mode, run_packed_scenarios, run_scenario, server_jobs
-from specwake.run.schedule import plan_schedule
+from specwake.run.runner import Work, run_packed_scenarios, run_scenario
 from specwake.run.shards import Shard, jobs_of
 from specwake.runfolder import RESULT_FILE, RunLayout, check_writable, load_result, scenario_results, write_files
 
@@ -108,7 +100,7 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
     """Everything `specwake run` does; raises SpecwakeError subclasses for input (2) and infrastructure (3)."""
     gpus, shard = request.gpus, request.shard
     scenarios = list(request.loaded) or [load_scenario(path, request.overrides) for path in request.scenarios]
-    _refuse_same_names(scenarios)
+    refuse_same_names(scenarios)
     jobs = [(f"{s.name}/{v.name}", s.server.tensor_parallel_size) for s in scenarios for v in s.variants]
     mine = jobs_of(shard, jobs) if shard is not None else None
     previous = _previous(request.resume, scenarios) if request.resume is not None else {}
@@ -134,7 +126,7 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
             return RunOutcome([], None, "", EXIT_PASS, note)
         scenarios, prepared = [s for s, _ in active], [p for _, p in active]
     if gpus is not None and any(p.engine.is_gpu for variants in prepared for p in variants):
-        _refuse_invisible_gpus(gpus, _visible_gpus(prepared))
+        refuse_invisible_gpus(gpus, visible_gpus(prepared))
     handle_leftovers(request.cache, request.stop_leftovers, events)
     layout = _layout(request, scenarios)
     events(Event(f"results in {layout.root}"))
@@ -207,7 +199,7 @@ def _run(
     prepared = [w.prepared for w in work]
     registry = registry_dir(request.cache)
     if any(p.engine.is_gpu for variants in prepared for p in variants):
-        inventory = gpus if gpus is not None else _visible_gpus(prepared)
+        inventory = gpus if gpus is not None else visible_gpus(prepared)
         return run_packed_scenarios(work, inventory, events, shard=shard, registry=registry)
     if not (request.interleave or request.sequential):
         return run_packed_scenarios(work, available_cpus(), events, shard=shard, cpu=True, registry=registry)
@@ -227,7 +219,7 @@ def _run(
     ]
 
 
-def _refuse_same_names(scenarios: Sequence[Scenario]) -> None:
+def refuse_same_names(scenarios: Sequence[Scenario]) -> None:
     """Two scenarios of one run with one name would share a run folder and a report section."""
     seen: dict[str, Scenario] = {}
     for scenario in scenarios:
@@ -243,7 +235,7 @@ def _started(previous: ScenarioResult | None) -> str | None:
     return previous.started_at if previous is not None else None
 
 
-def _refuse_invisible_gpus(asked: Sequence[int], visible: Sequence[int]) -> None:
+def refuse_invisible_gpus(asked: Sequence[int], visible: Sequence[int]) -> None:
     """--gpus indices count inside CUDA_VISIBLE_DEVICES, as the engine sees them: refuse one beyond it up front
     rather than fail each server that would get it."""
     beyond = sorted(g for g in asked if g not in visible)
@@ -255,7 +247,7 @@ def _refuse_invisible_gpus(asked: Sequence[int], visible: Sequence[int]) -> None
         )
 
 
-def _visible_gpus(prepared: Sequence[Sequence[PreparedVariant]]) -> tuple[int, ...]:
+def visible_gpus(prepared: Sequence[Sequence[PreparedVariant]]) -> tuple[int, ...]:
     count = max((p.engine.device_count for variants in prepared for p in variants), default=0)
     return tuple(range(count))
 
@@ -271,94 +263,3 @@ def _append_step_summary(markdown: str, events: Events) -> None:
             handle.write(markdown if markdown.endswith("\n") else markdown + "\n")
     except OSError as exc:
         events(Event(f"warning: GITHUB_STEP_SUMMARY not writable ({target}: {exc.strerror}); report.md has the report"))
-
-
-@dataclass(frozen=True)
-class CheckOutcome:
-    text: str  # what `run` would start, scenario by scenario
-    problems: list[str]  # why some variants cannot run on this machine
-
-
-def check_all(
-    paths: Sequence[Path],
-    overrides: Overrides,
-    cache: Path,
-    events: Events,
-    *,
-    gpus: tuple[int, ...] | None = None,
-    online: bool = False,
-    sequential: bool = False,
-    interleave: bool = False,
-    hub: httpx.Client | None = None,
-    tensors: bool = False,
-) -> CheckOutcome:
-    """Everything `run` resolves before launching, for every scenario, plus the GPU assignment packing would
-    choose and where each model would be loaded from (`online`: the Hub asked too, through `hub`; `tensors`: every
-    checkpoint tensor name push_scale and push_skip may use, per model); launches no server. Input problems raise
-    (exit 2), among them a model id the Hub does not have; a missing engine, or a Hub that does not answer when
-    asked, raises (exit 3)."""
-    inventory = gpus
-    scenarios = [load_scenario(path, overrides) for path in paths]
-    _refuse_same_names(scenarios)  # as run does
-    found = {
-        s.name: (
-            confirm_on_hub(str(s.file), _hub_models(s), client=hub)
-            if online
-            else [availability(m) for _, m in _hub_models(s)]
-        )
-        for s in scenarios
-    }
-    patches = [inspect_patches(s) for s in scenarios]
-    prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]
-    validate_run(scenarios, prepared, cache, events)
-    problems = [p.platform_problem for variants in prepared for p in variants if p.platform_problem]
-    on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
-    if gpus is not None and on_gpu:
-        _refuse_invisible_gpus(gpus, _visible_gpus(prepared))  # as run does
-    assigned: dict[str, tuple[int, ...]] = {}
-    cores: dict[str, tuple[int, ...]] = {}
-    if not on_gpu and (sequential or interleave):
-        mode = "interleaved" if interleave else "sequential"
-        label = RUN_MODES[mode] if interleave else SEQUENTIAL_FLAG
-    else:  # run's default: packed onto the GPUs, or side by side on cores of their own, as the packer places them
-        work = [Work(s, ps, RunLayout(Path("."), ())) for s, ps in zip(scenarios, prepared, strict=True)]
-        devices = (inventory if inventory is not None else _visible_gpus(prepared)) if on_gpu else available_cpus()
-        mode = packing_mode(work, devices, cpu=not on_gpu)
-        label = RUN_MODES[mode]
-        if not problems:
-            try:
-                plan = {a.job.key: a.gpus for a in plan_schedule(server_jobs(work), devices)}
-            except ValueError as exc:
-                problems.append(str(exc))
-            else:
-                assigned, cores = (plan, {}) if on_gpu else ({}, plan)
-    texts = []
-    for scenario, variants in zip(scenarios, prepared, strict=True):
-        plans = [
-            plan_variant(scenario, p, 0, assigned.get(key(scenario, p), ()), cores.get(key(scenario, p), ()))
-            for p in variants
-        ]
-        texts.append(describe(scenario, variants, plans, found[scenario.name]))
-        if tensors and variants:
-            texts += tensor_lines(checkpoints(scenario, variants[0].model, variants[0].draft_model))
-    texts.append(f"run mode: {mode} — {label}")
-    return CheckOutcome("\n".join(texts), problems)
-
-
-def key(scenario: Scenario, prep: PreparedVariant) -> str:
-    return f"{scenario.name}/{prep.variant.name}"
-
-
-RUN_MODES = {**MEASURING, "interleaved": "a scenario's servers up at once, their stages alternated (--interleave)"}
-SEQUENTIAL_FLAG = "one server at a time (--sequential)"
-
-
-def _hub_models(scenario: Scenario) -> list[tuple[str, str]]:
-    """(key, model) for the scenario's model references that are not builtin: target, and drafter when it has its
-    own (a drafter naming the target's model is listed once, under the target's key)."""
-    refs = {"server.model": scenario.server.model, "speculative.model": scenario.speculative.get("model")}
-    listed: dict[str, str] = {}
-    for key, ref in refs.items():
-        if isinstance(ref, str) and not is_builtin(ref):
-            listed.setdefault(ref, key)
-    return [(key, ref) for ref, key in listed.items()]

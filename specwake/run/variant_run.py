@@ -16,7 +16,6 @@ import httpx
 from specwake import protocol
 from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFailed
 from specwake.events import Event, Events
-from specwake.judge.assemble import VariantRecord, judge_variant, push_of
 from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
 from specwake.judge.verdict import speed_rule
 from specwake.prepare.scenario import Scenario
@@ -24,6 +23,7 @@ from specwake.prepare.variants import PreparedVariant, check_imports, plan_varia
 from specwake.protocol import PushRequest, TransferChunk
 from specwake.results import StepResult, VariantResult
 from specwake.run import diagnose
+from specwake.run.assemble import VariantRecord, judge_variant, push_of
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
 from specwake.run.cycle import run_cycle

@@ -2,7 +2,7 @@
 tensors (specwake.protocol.choose), and how a variant is judged and explained by what was perturbed. Scaling the
 target's tensors must change the output; scaling the drafter's alone cannot (the target verifies every token), so the
 drafter is judged by its checksums and AL, and changed completions are a corrupted target. Records are judged through
-specwake.judge.assemble, as a run judges them.
+specwake.run.assemble, as a run judges them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from specwake.judge.assemble import VariantRecord, judge_variant
 from specwake.judge.verdict import judges_drafter, perturbed_models
 from specwake.prepare.engine import EngineInfo
 from specwake.prepare.scenario import load_scenario
@@ -19,6 +18,7 @@ from specwake.prepare.variants import PreparedVariant
 from specwake.protocol import Chosen, PushRequest, TransferChunk, choose
 from specwake.report.explain import explain
 from specwake.results import VariantResult
+from specwake.run.assemble import VariantRecord, judge_variant
 from tests.helpers.builders import stage
 from tests.helpers.scenario_texts import MINIMAL
 

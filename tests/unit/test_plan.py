@@ -17,7 +17,8 @@ from specwake.prepare.plan import (
     resolve_discard,
 )
 from specwake.prepare.scenario import Scenario, load_scenario
-from specwake.prepare.variants import PreparedVariant, measurement_plan
+from specwake.prepare.variants import PreparedVariant
+from specwake.run.check import measurement_plan
 
 SCENARIO = """
 [server]
