@@ -16,7 +16,6 @@ import typer
 from specwake import __version__
 from specwake.console import Ui
 from specwake.errors import (
-    EXIT_FAIL,
     EXIT_INFRA,
     EXIT_INPUT,
     EXIT_INTERRUPTED,
@@ -26,8 +25,10 @@ from specwake.errors import (
     SpecwakeError,
 )
 from specwake.files import what_it_is
+from specwake.judge.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, parse_pair
+from specwake.judge.compare import exit_code as comparison_exit_code
 from specwake.prepare.models import BUILTIN_MODELS, cache_dir, ensure_builtin_model, lookup, model_dir
-from specwake.report.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, parse_pair, render_comparison_markdown
+from specwake.report.compare import render_comparison_markdown
 from specwake.report.nights import build_trend, render_trend_markdown
 from specwake.run.leftovers import GRACE_S, describe, find_leftovers, registry_dir, stop_leftover
 from specwake.run.schedule import parse_gpu_list
@@ -351,7 +352,7 @@ def compare(
         ui.note(f"only on one side: {', '.join(unmatched)}")
     if chart is not None:
         ui.note(f"chart: {chart}")
-    raise typer.Exit(EXIT_FAIL if any(c.counted_regressions for c in comparisons) else 0)
+    raise typer.Exit(comparison_exit_code(comparisons))
 
 
 @app.command()

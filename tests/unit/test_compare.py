@@ -1,4 +1,5 @@
-"""Tests of specwake.report.compare: crafted OLD/NEW pairs built from the sample result with dataclasses.replace.
+"""Tests of specwake.judge.compare and its rendering (specwake.report.compare): crafted OLD/NEW pairs built from the
+sample result with dataclasses.replace.
 
 Covers AL regressions and improvements, tok/s calls, scenario sha checks, missing keys, path lookup.
 """
@@ -11,18 +12,19 @@ from dataclasses import replace
 import pytest
 
 from specwake.errors import InputError
-from specwake.report.compare import (
+from specwake.judge.compare import (
     OUTCOME_STAGE,
     SPEED_STAGE,
     Comparison,
     Row,
     compare,
     compare_runs,
+    exit_code,
     pair_scenarios,
     parse_pair,
-    render_comparison_markdown,
     settings_differences,
 )
+from specwake.report.compare import render_comparison_markdown
 from specwake.results import ScenarioResult, StageResult, VariantResult
 from tests.helpers.builders import sample_result as base
 from tests.helpers.builders import scaled
@@ -212,6 +214,8 @@ def test_regressions_across_a_changed_k_are_listed_not_counted_unless_forced() -
     assert compare(old, overridden, force=True).counted_regressions == c.regressions
     cycles_only = with_settings(worse, cycle={"count": 3})  # not what a stage measures: still counted
     assert compare(old, cycles_only).counted_regressions
+    # the exit code: 1 only for a regression that counts, in any of the comparisons
+    assert exit_code([c]) == 0 and exit_code([c, compare(old, cycles_only)]) == 1 and exit_code([]) == 0
 
 
 def test_differently_named_scenarios_pair_only_when_asked() -> None:
