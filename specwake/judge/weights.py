@@ -1,6 +1,6 @@
 """Pure readings of the diagnostics a run recorded (see specwake.run.diagnose): whether target and drafter match their
-fresh checksums after every reload or push, which tensors moved to new storage, what the emulated discard took, and
-the one-line summaries the report shows ("draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; …").
+fresh checksums after every reload or push, and which tensors moved to new storage. The one-line summaries the report
+shows ("draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; …") are specwake.report.weights.
 """
 
 from __future__ import annotations
@@ -10,61 +10,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from specwake.protocol import (
-    AWAKE_POINT,
-    BEFORE_SLEEP,
-    FRESH_POINT,
     RESTORE_POINTS,
     ROLES,
-    SLEEP,
-    DiscardAnswer,
     Fingerprint,
-    Memory,
 )
 
-GIB = 1024**3
 KIND_WORDS = {"parameter": "parameters", "buffer": "buffers", "attribute": "tensor attributes"}
 GRAPH_HAZARD = "a CUDA graph captured before the sleep reads the old memory"
 
 
-def _at(diagnostics: Sequence[dict[str, Any]], point: str, cycle: int | None = None) -> dict[str, Any] | None:
+def at(diagnostics: Sequence[dict[str, Any]], point: str, cycle: int | None = None) -> dict[str, Any] | None:
+    """The first diagnostics entry taken at `point` (of `cycle`, when given)."""
     for entry in diagnostics:
         if entry.get("point") == point and (cycle is None or entry.get("cycle") == cycle):
             return entry
     return None
 
 
-def _role(fingerprint: Any, role: str) -> Fingerprint | None:
+def role_part(fingerprint: Any, role: str) -> Fingerprint | None:
+    """One rank's fingerprint of `role` ("target" or "draft"); None where the rank has no such model."""
     part = Fingerprint.from_dict(fingerprint.get(role) if isinstance(fingerprint, dict) else None)
     return part if part is not None and part.present else None
 
 
-def _kinds(counts: dict[str, int]) -> str:
+def kinds_text(counts: dict[str, int]) -> str:
     """`5 parameters, 2 tensor attributes` from {"parameter": 5, "buffer": 0, "attribute": 2}; "" when empty."""
     return ", ".join(f"{int(n)} {KIND_WORDS.get(k, k)}" for k, n in counts.items() if isinstance(n, int) and n)
-
-
-def _rank_text(part: Fingerprint) -> tuple[str, str]:
-    """(the count phrase, the notes) of one rank's fingerprint of one model."""
-    if part.differ is not None:
-        count = f"{part.differ}/{part.tensors if part.compared is None else part.compared} tensors differ from fresh"
-        if part.differ and any(part.differ_by_kind.get(k) for k in ("buffer", "attribute")):
-            count += f" ({_kinds(part.differ_by_kind)})"
-        if part.packed_discarded:
-            count += f", {part.packed_discarded}/{part.packed} packed CPU weights still discarded"
-    else:  # result files written before checksums were compared
-        count = f"{part.all_zero + part.on_meta}/{part.tensors} parameters all-zero or on meta"
-    notes = []
-    if part.nonfinite:
-        notes.append(f"{part.nonfinite} hold NaN/inf")
-    if part.on_meta and part.compares:
-        notes.append(f"{part.on_meta} on meta")
-    if part.shared_with_target:
-        notes.append(f"{part.shared_with_target} shared with the target")
-    if part.unpacked:
-        notes.append(f"{part.unpacked} packed CPU weights read back and compared")
-    if part.empty:
-        notes.append(f"{part.empty} empty parameters not compared")
-    return count, "; ".join(notes)
 
 
 @dataclass(frozen=True)
@@ -89,123 +60,23 @@ class Restore:
     def not_restored(self) -> int:
         return sum(p.not_restored for p in self.parts if p is not None)
 
-    def text(self) -> str:
-        """The count phrase, per rank when ranks differ."""
-        texts = [_rank_text(p)[0] for p in self.parts if p is not None]
-        if len(set(texts)) == 1:
-            return texts[0]
-        return ", ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
-
 
 def restores(diagnostics: Sequence[dict[str, Any]], role: str) -> list[Restore]:
     """`role`'s fingerprints after every reload or push, in cycle order."""
     found = []
     for entry in diagnostics:
         if entry.get("point") in RESTORE_POINTS and entry.get("fingerprints"):
-            parts = tuple(_role(fp, role) for fp in entry["fingerprints"])
+            parts = tuple(role_part(fp, role) for fp in entry["fingerprints"])
             found.append(Restore(role, int(entry.get("cycle", 0)), str(entry["point"]), parts))
     return found
 
 
-def _cycles(numbers: Sequence[int]) -> str:
-    """`cycle 2`, `cycles 1, 3–20`."""
-    ordered = sorted(set(numbers))
-    runs: list[list[int]] = []
-    for n in ordered:
-        if runs and n == runs[-1][-1] + 1:
-            runs[-1].append(n)
-        else:
-            runs.append([n])
-    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}–{r[-1]}" for r in runs)
-    return f"cycle{'s' if len(ordered) > 1 else ''} {text}"
-
-
-def weights_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None:
-    """`draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; 0/11 in cycle 1`: every cycle, the worst
-    first, cycles with the same reading together; None when no fingerprint was taken after a reload or push."""
-    found = restores(diagnostics, role)
-    if not found:
-        return None
-    if any(part is None for r in found for part in r.parts):
-        return f"{role}: no separate drafter parameters found" if role == "draft" else None
-    groups: dict[str, list[Restore]] = {}
-    for r in found:
-        groups.setdefault(r.text(), []).append(r)
-    ordered = sorted(groups.items(), key=lambda g: (-max(r.not_restored for r in g[1]), g[1][0].cycle))
-    first = next(p for p in found[0].parts if p is not None)
-    notes = _rank_text(first)[1]
-    (text, rs), *rest = ordered
-    line = f"{role}: {text} after {rs[0].what} in {_cycles([r.cycle for r in rs])}"
-    line += "".join(f"; {t} in {_cycles([r.cycle for r in g])}" for t, g in rest)
-    return line + (f" ({notes})" if notes else "")
-
-
-def uncovered_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None:
-    """`draft: 1 parameter no load writes (model.mask_embedding), its checksum not judged: differs from fresh after
-    reload_weights in cycles 1–2`, from the fresh fingerprint (rank 0) and every restore after; why it is unknown
-    when the dry run failed; None when every parameter is covered."""
-    fresh = _at(diagnostics, FRESH_POINT)
-    parts = [_role(fp, role) for fp in (fresh or {}).get("fingerprints") or []]
-    first = next((p for p in parts if p is not None), None)
-    if first is None:
-        return None
-    if first.coverage_error:
-        return f"{role}: which parameters no load writes is unknown ({first.coverage_error}); all are judged"
-    if not first.uncovered:
-        return None
-    names = ", ".join(first.uncovered_names) + ("…" if first.uncovered > len(first.uncovered_names) else "")
-    line = f"{role}: {first.uncovered} parameter{'s' if first.uncovered != 1 else ''} no load writes ({names}),"
-    line += " checksum not judged (a forward that reads one shows in AL and outputs)"
-    found = restores(diagnostics, role)
-    differ = [r for r in found if any(p is not None and p.uncovered_differ for p in r.parts)]
-    if differ:
-        return f"{line}: differs from fresh after {differ[0].what} in {_cycles([r.cycle for r in differ])}"
-    return f"{line}: as fresh after every {found[0].what}" if found else line
-
-
-CHECKER = "vLLM's /weight_checker (SHA-256 of the target's parameters; no drafter, no buffers)"
-
-
-def _param_differ(entry: dict[str, Any]) -> int | None:
+def target_params_differ(entry: dict[str, Any]) -> int | None:
     """Target parameters specwake's fingerprint found not back as fresh at this entry, over every rank."""
-    parts = [_role(fp, "target") for fp in entry.get("fingerprints") or []]
+    parts = [role_part(fp, "target") for fp in entry.get("fingerprints") or []]
     if not parts or any(p is None or not p.compares for p in parts):
         return None
     return sum(p.differ_by_kind.get("parameter", 0) + p.packed_discarded for p in parts if p is not None)
-
-
-def checker_line(diagnostics: Sequence[dict[str, Any]]) -> str | None:
-    """What vLLM's own /weight_checker said after each weight sync, and whether specwake's fingerprint of the
-    target's parameters agrees; None when it was never asked (no sync)."""
-    asked = [e for e in diagnostics if isinstance(e.get("weight_checker"), dict)]
-    if not asked:
-        return None
-    fresh: dict[str, Any] = next((e["weight_checker"] for e in asked if e.get("point") == FRESH_POINT), {})
-    if fresh.get("offered") is False:
-        return f"{CHECKER}: not offered by this server (vLLM 0.32 and later; HTTP {fresh.get('status')})"
-    if "error" in fresh:
-        return f"{CHECKER}: failed when fresh: {fresh['error']}"
-    parts, matched, agree = [], [], []
-    for entry in (e for e in asked if e.get("point") in RESTORE_POINTS):
-        found, cycle = entry["weight_checker"], int(entry.get("cycle", 0))
-        if "error" in found:
-            parts.append(f"failed in cycle {cycle}: {found['error']}")
-            continue
-        ours = _param_differ(entry)
-        if ours is not None:
-            agree.append((ours == 0) == bool(found.get("match")))
-        if found.get("match"):
-            matched.append(cycle)
-        else:
-            names = ", ".join(found.get("names") or [])
-            differ = f"{found.get('mismatches')}/{found.get('parameters')}"
-            parts.append(f"{differ} parameters differ from fresh in cycle {cycle} ({names})")
-    if matched:
-        parts.insert(0, f"matches fresh after the sync in {_cycles(matched)}")
-    verdict = ""
-    if agree:
-        verdict = " — specwake's fingerprint agrees" if all(agree) else " — specwake's fingerprint disagrees"
-    return f"{CHECKER}: {'; '.join(parts) or 'not compared'}{verdict}"
 
 
 def restored(diagnostics: Sequence[dict[str, Any]], role: str) -> bool | None:
@@ -234,7 +105,7 @@ class Moved:
     names: tuple[str, ...]
 
     def finding(self) -> str:
-        kinds = _kinds(self.by_kind)
+        kinds = kinds_text(self.by_kind)
         names = ", ".join(self.names) + ("…" if self.count > len(self.names) else "")
         detail = "; ".join(part for part in (kinds, names) if part)
         what = self.point.removeprefix("after ")
@@ -256,47 +127,3 @@ def moved(diagnostics: Sequence[dict[str, Any]]) -> list[Moved]:
                 found.append(Moved(role, r.cycle, r.point, top.moved or 0, dict(top.moved_by_kind), names))
                 break
     return found
-
-
-def discard_line(steps: Sequence[Any]) -> str | None:
-    """What the first emulated discard took, per model: `discarded — target: 15 parameters, 4 tensor attributes, 7
-    packed CPU weights; 10 buffers kept · draft: …` (per rank when ranks differ); None without a discard answer."""
-    step = next((s for s in steps if getattr(s, "name", None) == "discard" and getattr(s, "response", None)), None)
-    results = step.response.get("results") if step is not None and isinstance(step.response, dict) else None
-    answers = [DiscardAnswer.from_dict(answer) for answer in results or []]
-    if not answers or any(answer is None for answer in answers):
-        return None
-    texts = [_discard_text(answer) for answer in answers if answer is not None]
-    if len(set(texts)) == 1:
-        return f"discarded (emulated) — {texts[0]}"
-    return "discarded (emulated) — " + " · ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
-
-
-def _discard_text(answer: DiscardAnswer) -> str:
-    parts = []
-    for role, counts in answer.models.items():
-        lost = [f"{counts.parameter} parameters", f"{counts.attribute} tensor attributes"]
-        if counts.packed:
-            lost.append(f"{counts.packed} packed CPU weights")
-        parts.append(f"{role}: {', '.join(lost)}; {counts.buffer_kept} buffers kept")
-    return " · ".join(parts)
-
-
-def _free(entry: dict[str, Any] | None) -> list[int | None]:
-    if entry is None:
-        return []
-    return [Memory.from_dict(m).free_bytes for m in entry.get("memory") or []]
-
-
-def memory_line(diagnostics: Sequence[dict[str, Any]], cycle: int = 1) -> str:
-    """GiB freed by sleep and restored by wake, per rank, for one cycle; `n/a` where no device memory exists."""
-    before = _free(_at(diagnostics, BEFORE_SLEEP, cycle))
-    asleep = _free(_at(diagnostics, SLEEP.point, cycle))
-    awake = _free(_at(diagnostics, AWAKE_POINT, cycle))
-    if not before or any(v is None for v in before + asleep + awake) or not asleep or not awake:
-        return "device memory: n/a (no accelerator memory reported)"
-    parts = []
-    for rank, (b, s, w) in enumerate(zip(before, asleep, awake, strict=False)):
-        assert b is not None and s is not None and w is not None
-        parts.append(f"rank {rank}: {(s - b) / GIB:.2f} GiB freed by sleep, {(s - w) / GIB:.2f} GiB restored by wake")
-    return "device memory: " + "; ".join(parts)

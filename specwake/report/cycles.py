@@ -8,9 +8,9 @@ import statistics
 from collections.abc import Sequence
 
 from specwake.judge.stats import Slope, slope
-from specwake.judge.weights import GIB
 from specwake.protocol import AWAKE_POINT
 from specwake.report.markdown import MISSING, cell, inline, num
+from specwake.report.weights import GIB
 from specwake.results import LOGPROB_TOLERANCE, MIB, StageResult, VariantResult
 
 MIN_DRIFT_CYCLES = 3  # a slope needs this many cycles for an interval

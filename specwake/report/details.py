@@ -6,16 +6,10 @@ from __future__ import annotations
 
 import shlex
 
-from specwake.judge.weights import (
-    ROLES,
-    checker_line,
-    discard_line,
-    memory_line,
-    uncovered_line,
-    weights_line,
-)
+from specwake.judge.weights import ROLES
 from specwake.report.cycles import ledger
 from specwake.report.markdown import MISSING, cell, fenced, inline
+from specwake.report.weights import checker_line, discard_line, memory_line, uncovered_line, weights_line
 from specwake.results import VariantResult
 
 

@@ -21,8 +21,9 @@ from specwake.judge.verdict import (
     post_stages,
     recovery_bound,
 )
-from specwake.judge.weights import Restore, restored, weights_line, worst_restore
+from specwake.judge.weights import Restore, restored, worst_restore
 from specwake.protocol import SYNC_VIA
+from specwake.report.weights import restore_text, weights_line
 from specwake.results import INCOMPLETE, StageResult, VariantResult
 
 MODEL_WORDS = {"target": "target", "draft": "drafter"}
@@ -173,7 +174,7 @@ def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> st
     unrestored = unrestored_drafter(variant)
     if unrestored is not None:
         why += (
-            f"; but the drafter was not restored: {unrestored.text()} after {unrestored.what} in cycle"
+            f"; but the drafter was not restored: {restore_text(unrestored)} after {unrestored.what} in cycle"
             f" {unrestored.cycle}"
         )
     return f"{_al_chain(stages)} ({why}{also})"
@@ -226,7 +227,7 @@ def _target_perturbed(variant: VariantResult, tolerance: float, collapse_al: flo
     why = _why_measured(stages, tolerance, collapse_al)
     unrestored = unrestored_drafter(variant)
     if unrestored is not None:
-        why += f"; but the drafter was not restored: {unrestored.text()} after {unrestored.what} in cycle"
+        why += f"; but the drafter was not restored: {restore_text(unrestored)} after {unrestored.what} in cycle"
         why += f" {unrestored.cycle}"
     return f"{_al_chain(stages)} ({why}; {sent}; the output changed, as the perturbed {_how(variant.push)} intends)"
 
@@ -238,7 +239,9 @@ def _drafter_perturbed(variant: VariantResult, tolerance: float, collapse_al: fl
     lossless = "the completions are as fresh, as speculative decoding guarantees (the target verifies every token)"
     worst = worst_restore(variant.diagnostics, "draft")
     if worst is not None:
-        differs = f"the drafter's weights differ from fresh ({worst.text()} after {worst.what} in cycle {worst.cycle})"
+        differs = (
+            f"the drafter's weights differ from fresh ({restore_text(worst)} after {worst.what} in cycle {worst.cycle})"
+        )
         why = f"{differs}, as intended: a drafter unlike its checkpoint is no recovery, whatever AL says"
     elif restored(variant.diagnostics, "draft"):
         why = "but the drafter's weights are as fresh after it: the new weights did not reach the drafter"

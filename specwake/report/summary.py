@@ -22,6 +22,7 @@ from specwake.report.details import details
 from specwake.report.explain import NOT_RUN, explain, unrestored_drafter
 from specwake.report.markdown import MISSING, cell, inline, num, ratio_cell, short_sha
 from specwake.report.rows import Row, after_samples, stage_rows
+from specwake.report.weights import restore_text
 from specwake.results import INCOMPLETE, ScenarioResult, StageResult, VariantResult
 
 EMULATED_NOTE = (
@@ -335,7 +336,7 @@ def _offenders(results: Sequence[ScenarioResult]) -> list[str]:
                 named.append(f"{r.name}/{v.name} {_headline(v.findings[0])}")
             elif not v.matched:
                 why = unrestored_drafter(v)
-                reason = f" ({why.role}: {why.text()} after {why.what} in cycle {why.cycle})" if why else ""
+                reason = f" ({why.role}: {restore_text(why)} after {why.what} in cycle {why.cycle})" if why else ""
                 named.append(f"{r.name}/{v.name} {v.outcome}{reason}, expected {v.expected}")
     return named
 

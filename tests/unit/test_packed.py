@@ -15,7 +15,7 @@ require_module("torch")  # torch comes with vLLM; the CLI side never imports it
 
 import torch  # noqa: E402
 
-from specwake.judge.weights import weights_line  # noqa: E402
+from specwake.report.weights import weights_line  # noqa: E402
 from specwake.worker import packed  # noqa: E402
 from specwake.worker.discard import emulate_discard, packed_state  # noqa: E402
 from specwake.worker.tensors import Reference, fingerprint  # noqa: E402

@@ -15,7 +15,8 @@ require_module("torch")  # torch comes with vLLM; the CLI side never imports it
 
 import torch  # noqa: E402, TID251 (torch is this test's subject, as in the workers)
 
-from specwake.judge.weights import restored, uncovered_line, weights_line  # noqa: E402
+from specwake.judge.weights import restored  # noqa: E402
+from specwake.report.weights import uncovered_line, weights_line  # noqa: E402
 from specwake.worker.coverage import uncovered  # noqa: E402
 from specwake.worker.tensors import Reference, fingerprint  # noqa: E402
 

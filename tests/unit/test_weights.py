@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specwake.judge.weights import checker_line, discard_line, moved, restored, weights_line, worst_restore
+from specwake.judge.weights import moved, restored, worst_restore
+from specwake.report.weights import checker_line, discard_line, weights_line
 from specwake.results import StepResult
 
 
