@@ -20,10 +20,10 @@ from pathlib import Path
 from specwake.errors import ResultsUnwritable
 from specwake.files import write_atomic
 from specwake.judge.verdict import NOT_TESTED, outcome_matches, recorded_tolerance
+from specwake.report.columns import junit_line
 from specwake.report.explain import explain
-from specwake.report.markdown import num
 from specwake.report.nights import moment
-from specwake.results import INCOMPLETE, ScenarioResult, StageResult, VariantResult
+from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
 
 MESSAGE_MAX = 300  # characters of an attribute message; the full text goes in the element body
 # Characters outside XML 1.0's Char production (controls other than tab/newline/CR, surrogates, U+FFFE/F).
@@ -44,22 +44,9 @@ def _seconds(value: float) -> str:
     return f"{max(value, 0.0):.3f}"
 
 
-def stage_line(stage: StageResult) -> str:
-    """`after L2 #1: AL 1.00 (192 drafts, 0/576 accepted), tok/s median 15.5 (n=3), outputs = fresh`."""
-    match = {None: "", True: ", outputs = fresh", False: ", outputs DIFFER from fresh"}[stage.outputs_match_fresh]
-    if stage.outputs_match_fresh is False and stage.outputs_close_to_fresh:
-        match = ", outputs part from fresh at near-ties only"
-    reset = ", counters reset" if stage.counters_reset else ""
-    return (
-        f"{stage.name}: AL {num(stage.acceptance_length, 2)} ({stage.num_drafts} drafts, "
-        f"{stage.num_accepted_tokens}/{stage.num_draft_tokens} accepted), "
-        f"tok/s median {num(stage.tok_s_median, 1)} (n={len(stage.tok_s)}){match}{reset}"
-    )
-
-
 def _body(variant: VariantResult, tolerance: float, *, with_log: bool) -> str:
     lines = [f"{variant.name}: {variant.outcome} (expected {variant.expected})", explain(variant, tolerance)]
-    lines += [stage_line(s) for s in variant.stages] or ["no stage measured"]
+    lines += [junit_line(s) for s in variant.stages] or ["no stage measured"]
     if variant.error:
         lines += ["", "error:", variant.error.rstrip("\n")]
     if with_log and variant.log_excerpt:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from specwake.judge.sequential import DEFAULT_MIN_REPEATS
-from specwake.judge.stats import Summary, ratio, summarize
+from specwake.judge.stats import ratio
 from specwake.judge.verdict import (
     NOT_TESTED,
     SpeedRule,
@@ -17,13 +17,14 @@ from specwake.judge.verdict import (
     speed_after_cycles,
 )
 from specwake.judge.weights import ROLES
+from specwake.report.columns import TABLE, StageView, table_cells
 from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
 from specwake.report.details import details
 from specwake.report.explain import NOT_RUN, explain, unrestored_drafter
-from specwake.report.markdown import MISSING, cell, inline, num, ratio_cell, short_sha
-from specwake.report.rows import Row, after_samples, stage_rows
+from specwake.report.markdown import MISSING, cell, inline, ratio_cell, short_sha
+from specwake.report.rows import after_samples, stage_rows
 from specwake.report.weights import restore_text
-from specwake.results import INCOMPLETE, ScenarioResult, StageResult, VariantResult
+from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
 
 EMULATED_NOTE = (
     "L2 discard emulated on CPU: after /sleep?level=2 specwake overwrote every parameter and plain tensor attribute "
@@ -38,22 +39,7 @@ RESTORED_BY = {
     " ({pushed})",
 }
 FILL_WORDS = {"zero": "zeros", "nan": "NaN", "random": "random values, like memory CUDA hands back uncleared"}
-RESET_MARK = " †"
 RESET_NOTE = "† a counter went backwards during this stage (engine restarted): its numbers count from the restart"
-# Stage table: (header, alignment row, minimum width). Fixed widths keep a re-rendered comment's diff row-local.
-TABLE_SPEC = (
-    ("variant", "---", 0),
-    ("stage", "---", 0),
-    ("AL", "---:", 5),
-    ("drafts", "---:", 6),
-    ("accepted/drafted", "---:", 16),
-    ("tok/s median [CI]", "---:", 21),
-    ("vs fresh [CI]", "---:", 18),
-    ("TPOT ms [CI]", "---:", 18),
-    ("1st TTFT ms", "---:", 11),
-    ("outputs = fresh", ":---:", 15),
-    ("requests", "---:", 13),
-)
 _VERDICT_RANK = {"pass": 0, "error": 1, "fail": 2}
 _VERDICT_ICON = {"pass": "✅", "fail": "❌", "error": "⚠️"}
 
@@ -61,70 +47,22 @@ _VERDICT_ICON = {"pass": "✅", "fail": "❌", "error": "⚠️"}
 # ---------------------------------------------------------------- Markdown pieces
 
 
-def _summarycell(s: Summary, digits: int = 1) -> str:
-    if s.median is None:
-        return MISSING
-    if s.n < 2 or s.ci_low is None or s.ci_high is None:
-        return f"{s.median:.{digits}f} (n={s.n})"
-    return f"{s.median:.{digits}f} [{s.ci_low:.{digits}f}, {s.ci_high:.{digits}f}]"
-
-
-def _matchcell(stage: StageResult) -> str:
-    """Whether a stage's completions equal fresh: yes, only parted at near-ties (numerics), or no."""
-    if stage.outputs_match_fresh is None:
-        return MISSING
-    if stage.outputs_match_fresh:
-        return "yes"
-    return "near-tie" if stage.outputs_close_to_fresh else "**no**"
-
-
 def _row(cells: Sequence[str], widths: Sequence[int], aligns: Sequence[str]) -> str:
     padded = [c.rjust(w) if a == "---:" else c.ljust(w) for c, w, a in zip(cells, widths, aligns, strict=True)]
     return "| " + " | ".join(padded) + " |"
 
 
-def _stage_cells(variant: str, row: Row) -> list[str]:
-    s = row.stage
-    cells = [
-        variant,
-        s.name,
-        num(s.acceptance_length, 2) + (RESET_MARK if s.counters_reset else ""),
-        str(s.num_drafts),
-        f"{s.num_accepted_tokens}/{s.num_draft_tokens}",
-        _summarycell(row.summary),
-        ratio_cell(row.vs_fresh),
-        _tpotcell(s.tpot),
-        num(None if s.first_request_ttft is None else s.first_request_ttft * 1000, 1),
-        _matchcell(s),
-        _requestscell(s),
-    ]
-    return [cell(c) for c in cells]
-
-
-def _requestscell(stage: StageResult) -> str:
-    """`3 (decided)`: the requests a stage measured and, in a word, why no more (results before: the count)."""
-    if not stage.stopped:
-        return str(stage.measured)
-    word = stage.stopped.split(":", 1)[0].split(" after ", 1)[0]  # decided, cap, fixed, no drafts
-    return f"{stage.measured} ({word})"
-
-
-def _tpotcell(values: Sequence[float | None]) -> str:
-    known = [v * 1000 for v in values if v is not None]
-    return _summarycell(summarize(known), 2) if known else MISSING
-
-
-def _table(variants: Sequence[VariantResult]) -> list[str]:
+def _table(result: ScenarioResult) -> list[str]:
     body = []
-    for variant in variants:
+    for variant in result.variants:
         if not variant.stages:
             nothing = NOT_RUN if variant.not_run else "no stage measured"
-            body.append([cell(variant.name), nothing, *[MISSING] * (len(TABLE_SPEC) - 2)])
-        body += [_stage_cells(variant.name, r) for r in stage_rows(variant)]
-    heads = [h for h, _, _ in TABLE_SPEC]
-    aligns = [a for _, a, _ in TABLE_SPEC]
+            body.append([cell(variant.name), nothing, *[MISSING] * (len(TABLE) - 2)])
+        body += [[cell(c) for c in table_cells(StageView(result, variant, r))] for r in stage_rows(variant)]
+    heads = [c.header for c in TABLE]
+    aligns = [c.align for c in TABLE]
     # Numbers get fixed widths; names are as wide as the longest in this table (stable for one scenario).
-    widths = [max(len(h), w) for h, _, w in TABLE_SPEC]
+    widths = [max(len(c.header), c.width) for c in TABLE]
     for i in (0, 1):
         widths[i] = max([widths[i], *(len(cells[i]) for cells in body)])
     return [_row(heads, widths, aligns), _row(aligns, widths, aligns), *(_row(c, widths, aligns) for c in body)]
@@ -294,7 +232,7 @@ def _scenario_section(result: ScenarioResult, name_run: bool = False) -> list[st
     status = result.verdict.upper() + ("" if result.complete else " (incomplete run)")
     run = f" — run {result.started_at}" if name_run else ""
     lines = [f"### {inline(result.name)}{inline(run)} — {icon} {status}", "", *_setup_line(result)]
-    lines += [*_table(result.variants), ""]
+    lines += [*_table(result), ""]
     lines += [_variant_line(v, tolerance, recorded_speed_rule(result, v)) for v in result.variants]
     lines += _patched_vs_baseline(result.variants)
     lines += _floor_lines(result.variants)

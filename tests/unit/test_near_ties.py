@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 
 from specwake.judge.verdict import decide_outcome, diverged
+from specwake.report.columns import junit_line as stage_line
 from specwake.report.cycles import logprob_line
 from specwake.report.explain import explain
-from specwake.report.junit import stage_line
 from specwake.results import NEAR_TIE_NATS, StageResult, from_dict
 from specwake.run.completions import TOP_LOGPROBS, Completer, Completion
 from specwake.run.measure import Drift, drift
