@@ -4,7 +4,9 @@ answers that travel through POST /collective_rpc. Imports nothing from specwake.
 
 To add a cycle step, add one row to STEPS: the cycle (specwake.run.cycle), the probe points (specwake.run.diagnose),
 what counts as a restore (specwake.judge.weights) and as the wake (the `max_wake_s` limit, the report's ledger)
-follow from it.
+follow from it. To add a way of bringing the weights back after the wake, add one row to RELOAD_KINDS and its steps
+to specwake.run.cycle's RESTORE_STEPS: the scenario format, its key checks, the server's flags, whether the drafter
+is judged, `check` and the report's words follow from the row.
 """
 
 from __future__ import annotations
@@ -111,8 +113,63 @@ def _known(cls: type, data: Any) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names} if isinstance(data, dict) else {}
 
 
+# -- how the weights come back after the wake: a scenario's [cycle] reload ---------------------------------------------
+
 PUSH_VIA = "push"  # specwake's worker extension loads the tensors (specwake_push)
 SYNC_VIA = "weight_transfer"  # vLLM's weight-transfer API, one session per model
+TRANSFER_FLAG = "--weight-transfer-config"
+PUSH_KEYS = ("push_to", "push_scale", "push_skip")  # the scenario keys of a push or sync
+
+
+@dataclass(frozen=True)
+class ReloadKind:
+    """One way a cycle brings the weights back after the wake (the value of [cycle] reload). `via` is how pushed
+    tensors travel (PushRequest.via), None where vLLM reloads them from the checkpoint itself; `keys` the scenario
+    keys only this kind takes ([cycle] push_to, and the variants' push_to, push_scale, push_skip); `server_flags`
+    what specwake adds to the server's command for it, a flag the scenario must then not set. The drafter is judged
+    after every cycle when the kind reloads it from its checkpoint (`via` None); after a push or sync, only where the
+    drafter is sent (specwake.judge.verdict.judges_drafter). The words: `noun` names one in explanations ("the sync
+    scaled …"), `sends` is the verb of a scenario error, `check_verb` starts `check`'s line of what a variant sends,
+    `restored_by` ends the report's note on the emulated discard ({pushed}: the models each variant sent), `did`
+    the report's heading line of a variant ({to}: the models it sent)."""
+
+    name: str
+    via: str | None
+    noun: str
+    sends: str
+    restored_by: str
+    check_verb: str | None = None
+    did: str = ""
+    keys: tuple[str, ...] = ()
+    server_flags: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def pushes(self) -> bool:
+        return self.via is not None
+
+    @property
+    def syncs(self) -> bool:
+        return self.via == SYNC_VIA
+
+
+RELOAD_KIND = ReloadKind(
+    RELOAD, None, "reload", "reloads", "wake and reload_weights are unmodified vLLM",
+)  # fmt: skip
+PUSH_KIND = ReloadKind(
+    PUSH_VIA, PUSH_VIA, "push", "pushes",
+    "wake is unmodified vLLM; the weights came back by specwake's push ({pushed})",
+    check_verb="pushes to", did="pushed {to}", keys=PUSH_KEYS,
+)  # fmt: skip
+SYNC_KIND = ReloadKind(
+    SYNC_VIA, SYNC_VIA, "sync", "syncs",
+    "wake and the weight-transfer sessions are unmodified vLLM, with specwake's file transport ({pushed})",
+    check_verb="syncs through vLLM's weight-transfer API:", did="synced {to} through vLLM's weight-transfer API",
+    keys=PUSH_KEYS,
+    # the engine the workers create at load; specwake's worker extension registers it
+    server_flags=((TRANSFER_FLAG, json.dumps({"backend": TRANSFER_BACKEND}, separators=(",", ":"))),),
+)  # fmt: skip
+RELOAD_KINDS = {kind.name: kind for kind in (RELOAD_KIND, PUSH_KIND, SYNC_KIND)}
+KIND_BY_VIA = {kind.via: kind for kind in RELOAD_KINDS.values()}  # None → reload_weights
 
 
 def split_entry(entry: str) -> tuple[str | None, str]:
@@ -202,17 +259,6 @@ class PushRequest:
         if self.chosen:
             data["chosen"] = {role: c.to_dict() for role, c in self.chosen.items()}
         return json.dumps(data, sort_keys=True)
-
-    def to_dict(self) -> dict[str, Any]:
-        """For result files; `via` only for a sync, `skip` only when set (results of a plain push read as they always
-        did). Once resolved, `scaled` and `skipped` count per model the tensors scaled and left out."""
-        data: dict[str, Any] = {"to": list(self.to), "scale": dict(self.scale)}
-        data |= {"via": self.via} if self.via != PUSH_VIA else {}
-        data |= {"skip": list(self.skip)} if self.skip else {}
-        if self.chosen and self.changes:
-            data["scaled"] = {role: len(c.scale) for role, c in self.chosen.items()}
-            data["skipped"] = {role: len(c.skip) for role, c in self.chosen.items()}
-        return data
 
     @property
     def syncs(self) -> bool:

@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from specwake.protocol import WAKE_STEPS
+from specwake.protocol import PUSH_VIA, ROLES, SYNC_VIA, WAKE_STEPS, Fingerprint, Memory, PushRequest
 
 SCHEMA = "specwake.result/1"
 INCOMPLETE = "incomplete"  # the outcome of a variant still running (or interrupted) in a partial result
@@ -86,6 +86,116 @@ class StepResult:
 
 
 @dataclass(frozen=True)
+class CheckerReading:
+    """vLLM's own /weight_checker at one point (see specwake.run.diagnose). When fresh: whether the server offers it
+    (`status` when not) and how many target parameters it summed. After a sync: whether every sum is as fresh, how
+    many are not and the first of their names. `error`: why asking failed."""
+
+    offered: bool | None = None
+    status: int | None = None
+    parameters: int | None = None
+    match: bool | None = None
+    mismatches: int | None = None
+    names: tuple[str, ...] = ()
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if v is not None and k != "names"}
+        return data | ({"names": list(self.names)} if self.match is not None else {})
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CheckerReading | None:
+        if not isinstance(data, dict):
+            return None
+        known = {f.name: data[f.name] for f in fields(cls) if f.name in data and f.name != "names"}
+        return cls(**known, names=tuple(str(n) for n in data.get("names") or ()))
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """What the workers answered at one point of a cycle (see specwake.run.diagnose): each rank's fingerprint of
+    each model, each rank's device memory, vLLM's /weight_checker beside them, or why asking failed."""
+
+    cycle: int
+    point: str  # protocol.FRESH_POINT, BEFORE_SLEEP, SYNC_POINT or a step's point ("after reload_weights")
+    fingerprints: tuple[dict[str, Fingerprint], ...] = ()  # per rank: role → fingerprint
+    memory: tuple[Memory, ...] = ()  # per rank
+    weight_checker: CheckerReading | None = None
+    error: str | None = None
+
+    def parts(self, role: str) -> tuple[Fingerprint | None, ...]:
+        """Each rank's fingerprint of `role`; None where the rank has no such model."""
+        found = (rank.get(role) for rank in self.fingerprints)
+        return tuple(part if part is not None and part.present else None for part in found)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As result files keep it: only what was taken."""
+        data: dict[str, Any] = {"cycle": self.cycle, "point": self.point}
+        if self.fingerprints:
+            data["fingerprints"] = [{role: fp.to_dict() for role, fp in rank.items()} for rank in self.fingerprints]
+        if self.memory:
+            data["memory"] = [asdict(m) for m in self.memory]
+        if self.weight_checker is not None:
+            data["weight_checker"] = self.weight_checker.to_dict()
+        return data | ({"error": self.error} if self.error is not None else {})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Diagnostic:
+        """From a result file, or from the workers' answers as diagnose collects them."""
+        ranks = []
+        for answer in data.get("fingerprints") or []:
+            rank = {role: Fingerprint.from_dict(answer.get(role)) for role in ROLES} if isinstance(answer, dict) else {}
+            ranks.append({role: fp for role, fp in rank.items() if fp is not None})
+        memory = tuple(Memory.from_dict(m) for m in data.get("memory") or [] if isinstance(m, dict))
+        checker = CheckerReading.from_dict(data.get("weight_checker"))
+        error = data.get("error")
+        point, cycle = str(data.get("point")), int(data.get("cycle") or 0)
+        return cls(cycle, point, tuple(ranks), memory, checker, None if error is None else str(error))
+
+
+@dataclass(frozen=True)
+class Push:
+    """A variant's weight push or sync as its result keeps it: which models got new weights, the variant's
+    push_scale and push_skip entries, how they travelled (`via`), and per model how many tensors those entries
+    picked (`scaled`, `skipped`), once a server resolved them (None before that, and in older results)."""
+
+    to: tuple[str, ...] = ("target",)
+    scale: dict[str, float] = field(default_factory=dict)
+    via: str = PUSH_VIA
+    skip: tuple[str, ...] = ()
+    scaled: dict[str, int] | None = None
+    skipped: dict[str, int] | None = None
+
+    @property
+    def syncs(self) -> bool:
+        return self.via == SYNC_VIA
+
+    @classmethod
+    def of(cls, request: PushRequest) -> Push:
+        counted = bool(request.chosen and request.changes)
+        scaled = {role: len(c.scale) for role, c in request.chosen.items()} if counted else None
+        skipped = {role: len(c.skip) for role, c in request.chosen.items()} if counted else None
+        return cls(request.to, dict(request.scale), request.via, request.skip, scaled, skipped)
+
+    def to_dict(self) -> dict[str, Any]:
+        """`via` only for a sync, `skip` and the counts only when set: a plain push reads as it always did."""
+        data: dict[str, Any] = {"to": list(self.to), "scale": dict(self.scale)}
+        data |= {"via": self.via} if self.via != PUSH_VIA else {}
+        data |= {"skip": list(self.skip)} if self.skip else {}
+        data |= {"scaled": self.scaled} if self.scaled is not None else {}
+        return data | ({"skipped": self.skipped} if self.skipped is not None else {})
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Push | None:
+        if not isinstance(data, dict):
+            return None
+        counts = {key: {str(r): int(n) for r, n in data[key].items()} if isinstance(data.get(key), dict) else None
+                  for key in ("scaled", "skipped")}  # fmt: skip
+        to, skip = tuple(data.get("to") or ("target",)), tuple(data.get("skip") or ())
+        return cls(to, dict(data.get("scale") or {}), str(data.get("via") or PUSH_VIA), skip, **counts)
+
+
+@dataclass(frozen=True)
 class VariantResult:
     """Everything measured and decided for one variant of one scenario."""
 
@@ -112,11 +222,10 @@ class VariantResult:
     steps: list[StepResult] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
-    # Per probe point ("after fresh", "after discard", "after reload_weights", ...): per-rank worker answers
-    # {"cycle", "point", "fingerprints": [...], "memory": [...]}; see specwake.run.diagnose.
-    diagnostics: list[dict[str, Any]] = field(default_factory=list)
+    # What the workers answered at each probe point ("after fresh", "after discard", "after reload_weights", ...)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)  # problems beyond the outcome (see verdict.findings)
-    push: dict[str, Any] | None = None  # {"to": [...], "scale": {...}} when cycles push weights instead of reloading
+    push: Push | None = None  # when cycles push or sync weights instead of reloading
 
     @property
     def not_run(self) -> bool:
@@ -184,7 +293,11 @@ class ScenarioResult:
 
 
 def to_dict(result: ScenarioResult) -> dict[str, Any]:
-    return asdict(result)
+    data = asdict(result)
+    for variant, written in zip(result.variants, data["variants"], strict=True):
+        written["diagnostics"] = [d.to_dict() for d in variant.diagnostics]
+        written["push"] = variant.push.to_dict() if variant.push is not None else None
+    return data
 
 
 def to_json(result: ScenarioResult) -> str:
@@ -205,5 +318,7 @@ def from_dict(data: dict[str, Any]) -> ScenarioResult:
     for v in data.get("variants", []):
         stages = [_build(StageResult, s) for s in v.get("stages", [])]
         steps = [_build(StepResult, s) for s in v.get("steps", [])]
-        variants.append(replace(_build(VariantResult, v), stages=stages, steps=steps))
+        diagnostics = [Diagnostic.from_dict(d) for d in v.get("diagnostics", []) if isinstance(d, dict)]
+        typed = {"stages": stages, "steps": steps, "diagnostics": diagnostics, "push": Push.from_dict(v.get("push"))}
+        variants.append(replace(_build(VariantResult, v), **typed))
     return replace(_build(ScenarioResult, data), variants=variants)

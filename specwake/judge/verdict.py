@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_PASS
 from specwake.judge.crashes import ERROR_CLASSES
@@ -16,7 +15,7 @@ from specwake.judge.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, DEFAUL
 from specwake.judge.speed import SpeedCall, speed_call
 from specwake.judge.weights import moved
 from specwake.protocol import ROLES
-from specwake.results import MIB, ScenarioResult, StageResult, VariantResult
+from specwake.results import MIB, Push, ScenarioResult, StageResult, VariantResult
 
 OUTCOMES = ("recover", "collapse", "corrupt", "crash", "degraded", "error", "floor", "untested")
 # Outcomes that say nothing about the wake: they never meet an expectation, and make a scenario's verdict `error`.
@@ -261,25 +260,24 @@ def sleep_ignored(level: int, l2_discard: str, pushing: bool) -> bool:
     return level == 1 and l2_discard == "emulated" and not pushing
 
 
-def perturbed_models(push: dict[str, Any] | None) -> frozenset[str]:
+def perturbed_models(push: Push | None) -> frozenset[str]:
     """The models whose tensors a push or sync (a result's `push`) scaled on purpose: those it counted scaled
     tensors for, or, in results that did not count them (push_scale resolved by no server), every model it went to."""
-    if not push or not push.get("scale"):
+    if push is None or not push.scale:
         return frozenset()
-    counted = push.get("scaled")
-    if isinstance(counted, dict):
-        return frozenset(role for role, n in counted.items() if n)
-    return frozenset(push.get("to") or ["target"])
+    if push.scaled is not None:
+        return frozenset(role for role, n in push.scaled.items() if n)
+    return frozenset(push.to)
 
 
-def judges_drafter(push: dict[str, Any] | None) -> bool:
+def judges_drafter(push: Push | None) -> bool:
     """Whether the drafter must match its fresh checksums after the wake: after a reload from its checkpoint
     (reload_weights, `push` None), or a push or sync into it, partial or perturbed, unless it scaled the target's
     tensors too (then the drafter follows the target's new weights on purpose, and AL judges it). A drafter
     perturbed alone is judged: it must differ from fresh, and does not recover."""
     if push is None:
         return True
-    return "draft" in (push.get("to") or []) and perturbed_models(push) != frozenset(ROLES)
+    return "draft" in push.to and perturbed_models(push) != frozenset(ROLES)
 
 
 def findings(variant: VariantResult, limits: Limits) -> list[str]:

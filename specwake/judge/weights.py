@@ -7,30 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from specwake.protocol import (
-    RESTORE_POINTS,
-    ROLES,
-    Fingerprint,
-)
+from specwake.protocol import RESTORE_POINTS, ROLES, Fingerprint
+from specwake.results import Diagnostic
 
 KIND_WORDS = {"parameter": "parameters", "buffer": "buffers", "attribute": "tensor attributes"}
 GRAPH_HAZARD = "a CUDA graph captured before the sleep reads the old memory"
 
 
-def at(diagnostics: Sequence[dict[str, Any]], point: str, cycle: int | None = None) -> dict[str, Any] | None:
-    """The first diagnostics entry taken at `point` (of `cycle`, when given)."""
-    for entry in diagnostics:
-        if entry.get("point") == point and (cycle is None or entry.get("cycle") == cycle):
-            return entry
-    return None
-
-
-def role_part(fingerprint: Any, role: str) -> Fingerprint | None:
-    """One rank's fingerprint of `role` ("target" or "draft"); None where the rank has no such model."""
-    part = Fingerprint.from_dict(fingerprint.get(role) if isinstance(fingerprint, dict) else None)
-    return part if part is not None and part.present else None
+def at(diagnostics: Sequence[Diagnostic], point: str, cycle: int | None = None) -> Diagnostic | None:
+    """The first diagnostic taken at `point` (of `cycle`, when given)."""
+    return next((d for d in diagnostics if d.point == point and (cycle is None or d.cycle == cycle)), None)
 
 
 def kinds_text(counts: dict[str, int]) -> str:
@@ -61,25 +48,21 @@ class Restore:
         return sum(p.not_restored for p in self.parts if p is not None)
 
 
-def restores(diagnostics: Sequence[dict[str, Any]], role: str) -> list[Restore]:
+def restores(diagnostics: Sequence[Diagnostic], role: str) -> list[Restore]:
     """`role`'s fingerprints after every reload or push, in cycle order."""
-    found = []
-    for entry in diagnostics:
-        if entry.get("point") in RESTORE_POINTS and entry.get("fingerprints"):
-            parts = tuple(role_part(fp, role) for fp in entry["fingerprints"])
-            found.append(Restore(role, int(entry.get("cycle", 0)), str(entry["point"]), parts))
-    return found
+    taken = (d for d in diagnostics if d.point in RESTORE_POINTS and d.fingerprints)
+    return [Restore(role, d.cycle, d.point, d.parts(role)) for d in taken]
 
 
-def target_params_differ(entry: dict[str, Any]) -> int | None:
-    """Target parameters specwake's fingerprint found not back as fresh at this entry, over every rank."""
-    parts = [role_part(fp, "target") for fp in entry.get("fingerprints") or []]
+def target_params_differ(diagnostic: Diagnostic) -> int | None:
+    """Target parameters specwake's fingerprint found not back as fresh at this point, over every rank."""
+    parts = diagnostic.parts("target")
     if not parts or any(p is None or not p.compares for p in parts):
         return None
     return sum(p.differ_by_kind.get("parameter", 0) + p.packed_discarded for p in parts if p is not None)
 
 
-def restored(diagnostics: Sequence[dict[str, Any]], role: str) -> bool | None:
+def restored(diagnostics: Sequence[Diagnostic], role: str) -> bool | None:
     """Whether every rank's `role` matched its fresh checksums after every reload or push; None if unknown."""
     judged = [r for r in restores(diagnostics, role) if r.judged]
     if not judged:
@@ -87,7 +70,7 @@ def restored(diagnostics: Sequence[dict[str, Any]], role: str) -> bool | None:
     return all(r.not_restored == 0 for r in judged)
 
 
-def worst_restore(diagnostics: Sequence[dict[str, Any]], role: str) -> Restore | None:
+def worst_restore(diagnostics: Sequence[Diagnostic], role: str) -> Restore | None:
     """The reload or push after which `role` was furthest from fresh (the first such cycle), if any was not."""
     worst = max(restores(diagnostics, role), key=lambda r: (r.not_restored, -r.cycle), default=None)
     return worst if worst is not None and worst.not_restored else None
@@ -115,7 +98,7 @@ class Moved:
         )
 
 
-def moved(diagnostics: Sequence[dict[str, Any]]) -> list[Moved]:
+def moved(diagnostics: Sequence[Diagnostic]) -> list[Moved]:
     """Per model, the first reload or push after which tensors sat at another address than when fresh."""
     found = []
     for role in ROLES:

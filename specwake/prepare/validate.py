@@ -27,7 +27,7 @@ from specwake.prepare.models import builder_env
 from specwake.prepare.plan import model_flags, speculative_config
 from specwake.prepare.prompts import probe_prompt
 from specwake.prepare.scenario import Scenario, Variant
-from specwake.prepare.scenario_file import TRANSFER_FLAG
+from specwake.protocol import TRANSFER_FLAG
 
 TIMEOUT_S = 300.0
 PREFIX = "SPECWAKE_VALIDATE "
@@ -54,8 +54,8 @@ def request_for(
         "serve_args": [*model_flags(scenario, is_gpu), *scenario.server.args, *variant.args],
         "prompts": [*scenario.prompts, probe_prompt(scenario.cycle.count)],
         "max_model_len": scenario.server.max_model_len,
-        "syncs": scenario.cycle.reload == "weight_transfer",
-        "draft_session": scenario.cycle.reload == "weight_transfer" and "draft" in variant.push_to,
+        "syncs": scenario.cycle.reload_kind.syncs,
+        "draft_session": scenario.cycle.reload_kind.syncs and "draft" in variant.push_to,
     }
 
 
@@ -134,10 +134,10 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
         )
     if answer.get("transfer_problem"):
         problem = str(answer["transfer_problem"])
-        if problem.startswith("--weight-transfer-config"):
+        if problem.startswith(TRANSFER_FLAG):
             where = f"variants.{variant.name}.args" if TRANSFER_FLAG in " ".join(variant.args) else "server.args"
             raise ScenarioError(file, where, f"vLLM {version}: {problem}")
-        raise ScenarioError(file, "cycle.reload", f'"weight_transfer": vLLM {version}: {problem}')
+        raise ScenarioError(file, "cycle.reload", f'"{scenario.cycle.reload}": vLLM {version}: {problem}')
     if answer.get("semantic_problem"):
         reason = f"vLLM {version}'s SpeculativeConfig refuses it: {answer['semantic_problem']}"
         raise ScenarioError(file, "speculative", reason)

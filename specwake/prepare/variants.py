@@ -80,7 +80,7 @@ WHOLE_CHECKPOINT_LOADS = {
 def chunked_draft_sync(scenario: Scenario, variant: Variant) -> str | None:
     """Why this variant's draft session will crash in vLLM (specwake sends a sync in chunks), or None: known only
     where the scenario names the drafter's method."""
-    syncs_draft = scenario.cycle.reload == "weight_transfer" and "draft" in variant.push_to and variant.speculative
+    syncs_draft = scenario.cycle.reload_kind.syncs and "draft" in variant.push_to and variant.speculative
     return WHOLE_CHECKPOINT_LOADS.get(str(scenario.speculative.get("method"))) if syncs_draft else None
 
 

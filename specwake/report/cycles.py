@@ -87,10 +87,9 @@ def _free_after_wake(variant: VariantResult) -> dict[int, float]:
     """Cycle → free device memory of rank 0 after the wake, GiB (GPU only)."""
     free: dict[int, float] = {}
     for entry in variant.diagnostics:
-        memory = entry.get("memory") or []
-        value = memory[0].get("free_bytes") if memory and isinstance(memory[0], dict) else None
-        if entry.get("point") == AWAKE_POINT and isinstance(value, int):
-            free[int(entry["cycle"])] = value / GIB
+        value = entry.memory[0].free_bytes if entry.memory else None
+        if entry.point == AWAKE_POINT and value is not None:
+            free[entry.cycle] = value / GIB
     return free
 
 

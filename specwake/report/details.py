@@ -68,7 +68,7 @@ def _diagnostic_lines(variant: VariantResult) -> list[str]:
         weights += [uncovered_line(variant.diagnostics, role) for role in ROLES]
         checker = checker_line(variant.diagnostics)
         lines += [f"- {line}" for line in (*weights, checker, memory_line(variant.diagnostics)) if line is not None]
-        lines += [f"- diagnostic at {e.get('point')} failed: {e['error']}" for e in variant.diagnostics if "error" in e]
+        lines += [f"- diagnostic at {d.point} failed: {d.error}" for d in variant.diagnostics if d.error is not None]
     return [inline(line) for line in lines if line is not None]
 
 

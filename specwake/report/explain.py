@@ -5,7 +5,6 @@ the decisions specwake.judge.verdict makes. Decides nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from specwake.judge.crashes import ERROR_CLASSES
 from specwake.judge.expectations import COLLAPSE_AL
@@ -22,9 +21,9 @@ from specwake.judge.verdict import (
     recovery_bound,
 )
 from specwake.judge.weights import Restore, restored, worst_restore
-from specwake.protocol import SYNC_VIA
+from specwake.protocol import KIND_BY_VIA, PUSH_VIA
 from specwake.report.weights import restore_text, weights_line
-from specwake.results import INCOMPLETE, StageResult, VariantResult
+from specwake.results import INCOMPLETE, Push, StageResult, VariantResult
 
 MODEL_WORDS = {"target": "target", "draft": "drafter"}
 NOT_RUN = "not run"  # a variant of a partial result that recorded nothing (VariantResult.not_run)
@@ -180,32 +179,32 @@ def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> st
     return f"{_al_chain(stages)} ({why}{also})"
 
 
-def _counts(counted: Any) -> str:
+def _counts(counted: dict[str, int] | None) -> str:
     """` (1 drafter tensor)`, ` (3 target and 3 drafter tensors)` from a result's per-model counts; "" without."""
-    if not isinstance(counted, dict):
+    if counted is None:
         return ""
-    parts = [f"{n} {MODEL_WORDS.get(role, role)}" for role, n in counted.items() if isinstance(n, int) and n]
-    total = sum(n for n in counted.values() if isinstance(n, int))
+    parts = [f"{n} {MODEL_WORDS.get(role, role)}" for role, n in counted.items() if n]
+    total = sum(counted.values())
     return f" ({' and '.join(parts)} tensor{'s' if total != 1 else ''})" if parts else ""
 
 
-def sent_line(push: dict[str, Any] | None) -> str | None:
+def sent_line(push: Push | None) -> str | None:
     """What a perturbed or partial push or sync did to the checkpoint's tensors: `the sync scaled
     draft:model.norm.weight ×1.05 (1 drafter tensor)`, `the push left out draft:model.layers.1.* (9 drafter tensors)`;
     None for a plain one."""
-    if not push or not (push.get("scale") or push.get("skip")):
+    if push is None or not (push.scale or push.skip):
         return None
     did = []
-    if push.get("scale"):
-        factors = ", ".join(f"{entry} ×{factor:g}" for entry, factor in push["scale"].items())
-        did.append(f"scaled {factors}{_counts(push.get('scaled'))}")
-    if push.get("skip"):
-        did.append(f"left out {', '.join(push['skip'])}{_counts(push.get('skipped'))}")
+    if push.scale:
+        factors = ", ".join(f"{entry} ×{factor:g}" for entry, factor in push.scale.items())
+        did.append(f"scaled {factors}{_counts(push.scaled)}")
+    if push.skip:
+        did.append(f"left out {', '.join(push.skip)}{_counts(push.skipped)}")
     return f"the {_how(push)} {' and '.join(did)}"
 
 
-def _how(push: dict[str, Any] | None) -> str:
-    return "sync" if (push or {}).get("via") == SYNC_VIA else "push"
+def _how(push: Push | None) -> str:
+    return KIND_BY_VIA[push.via if push is not None else PUSH_VIA].noun
 
 
 def _target_perturbed(variant: VariantResult, tolerance: float, collapse_al: float) -> str:

@@ -17,6 +17,7 @@ from specwake.judge.verdict import (
     speed_after_cycles,
 )
 from specwake.judge.weights import ROLES
+from specwake.protocol import KIND_BY_VIA, RELOAD_KIND, RELOAD_KINDS
 from specwake.report.columns import TABLE, StageView, table_cells
 from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
 from specwake.report.details import details
@@ -31,13 +32,6 @@ EMULATED_NOTE = (
     "of target and drafter ({fill}), kept the buffers (vLLM copies them to host memory across an L2 sleep) and made "
     "the packed CPU copies of linear layers answer as discarded until a reload replaces them; {restored}"
 )
-# What brought the weights back, by [cycle] reload: only what ran is named.
-RESTORED_BY = {
-    "reload_weights": "wake and reload_weights are unmodified vLLM",
-    "push": "wake is unmodified vLLM; the weights came back by specwake's push ({pushed})",
-    "weight_transfer": "wake and the weight-transfer sessions are unmodified vLLM, with specwake's file transport"
-    " ({pushed})",
-}
 FILL_WORDS = {"zero": "zeros", "nan": "NaN", "random": "random values, like memory CUDA hands back uncleared"}
 RESET_NOTE = "† a counter went backwards during this stage (engine restarted): its numbers count from the restart"
 _VERDICT_RANK = {"pass": 0, "error": 1, "fail": 2}
@@ -110,12 +104,10 @@ def _alone_text(variant: VariantResult) -> str:
 def _pushed(variant: VariantResult) -> str:
     """What the variant's cycles pushed or synced instead of reloading (empty for a reload); what a perturbed or
     partial one scaled or left out is the explanation's to say (explain.sent_line)."""
-    if not variant.push:
+    if variant.push is None:
         return ""
-    to = " and ".join(variant.push.get("to", []))
-    if variant.push.get("via") == "weight_transfer":
-        return f" · synced {to} through vLLM's weight-transfer API"
-    return f" · pushed {to}"
+    to = " and ".join(variant.push.to)
+    return " · " + KIND_BY_VIA[variant.push.via].did.format(to=to)
 
 
 def _patched_vs_baseline(variants: Sequence[VariantResult]) -> list[str]:
@@ -244,8 +236,8 @@ def _scenario_section(result: ScenarioResult, name_run: bool = False) -> list[st
     if any(v.l2_discard == "emulated" for v in result.variants):
         cycle = _section(result.scenario.get("settings") or {}, "cycle")
         fill = FILL_WORDS.get(str(cycle.get("discard_fill", "zero")), str(cycle.get("discard_fill")))
-        restored = RESTORED_BY.get(str(cycle.get("reload", "reload_weights")), RESTORED_BY["reload_weights"])
-        pushed = "; ".join(f"{v.name}: {' and '.join(v.push.get('to', []))}" for v in result.variants if v.push)
+        restored = RELOAD_KINDS.get(str(cycle.get("reload")), RELOAD_KIND).restored_by
+        pushed = "; ".join(f"{v.name}: {' and '.join(v.push.to)}" for v in result.variants if v.push is not None)
         note = EMULATED_NOTE.format(fill=fill, restored=restored.format(pushed=pushed))
         lines += ["", f"> {note}"]
     for variant in result.variants:

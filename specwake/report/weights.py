@@ -9,17 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specwake.judge.weights import Restore, at, kinds_text, restores, role_part, target_params_differ
-from specwake.protocol import (
-    AWAKE_POINT,
-    BEFORE_SLEEP,
-    FRESH_POINT,
-    RESTORE_POINTS,
-    SLEEP,
-    DiscardAnswer,
-    Fingerprint,
-    Memory,
-)
+from specwake.judge.weights import Restore, at, kinds_text, restores, target_params_differ
+from specwake.protocol import AWAKE_POINT, BEFORE_SLEEP, FRESH_POINT, RESTORE_POINTS, SLEEP, DiscardAnswer, Fingerprint
+from specwake.results import CheckerReading, Diagnostic
 
 GIB = 1024**3
 
@@ -69,7 +61,7 @@ def _cycles(numbers: Sequence[int]) -> str:
     return f"cycle{'s' if len(ordered) > 1 else ''} {text}"
 
 
-def weights_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None:
+def weights_line(diagnostics: Sequence[Diagnostic], role: str) -> str | None:
     """`draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; 0/11 in cycle 1`: every cycle, the worst
     first, cycles with the same reading together; None when no fingerprint was taken after a reload or push."""
     found = restores(diagnostics, role)
@@ -89,13 +81,12 @@ def weights_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None
     return line + (f" ({notes})" if notes else "")
 
 
-def uncovered_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | None:
+def uncovered_line(diagnostics: Sequence[Diagnostic], role: str) -> str | None:
     """`draft: 1 parameter no load writes (model.mask_embedding), its checksum not judged: differs from fresh after
     reload_weights in cycles 1–2`, from the fresh fingerprint (rank 0) and every restore after; why it is unknown
     when the dry run failed; None when every parameter is covered."""
     fresh = at(diagnostics, FRESH_POINT)
-    parts = [role_part(fp, role) for fp in (fresh or {}).get("fingerprints") or []]
-    first = next((p for p in parts if p is not None), None)
+    first = next((p for p in fresh.parts(role) if p is not None), None) if fresh is not None else None
     if first is None:
         return None
     if first.coverage_error:
@@ -115,32 +106,34 @@ def uncovered_line(diagnostics: Sequence[dict[str, Any]], role: str) -> str | No
 CHECKER = "vLLM's /weight_checker (SHA-256 of the target's parameters; no drafter, no buffers)"
 
 
-def checker_line(diagnostics: Sequence[dict[str, Any]]) -> str | None:
+def checker_line(diagnostics: Sequence[Diagnostic]) -> str | None:
     """What vLLM's own /weight_checker said after each weight sync, and whether specwake's fingerprint of the
     target's parameters agrees; None when it was never asked (no sync)."""
-    asked = [e for e in diagnostics if isinstance(e.get("weight_checker"), dict)]
+    asked = [d for d in diagnostics if d.weight_checker is not None]
     if not asked:
         return None
-    fresh: dict[str, Any] = next((e["weight_checker"] for e in asked if e.get("point") == FRESH_POINT), {})
-    if fresh.get("offered") is False:
-        return f"{CHECKER}: not offered by this server (vLLM 0.32 and later; HTTP {fresh.get('status')})"
-    if "error" in fresh:
-        return f"{CHECKER}: failed when fresh: {fresh['error']}"
+    fresh = next((d.weight_checker for d in asked if d.point == FRESH_POINT), None) or CheckerReading()
+    if fresh.offered is False:
+        return f"{CHECKER}: not offered by this server (vLLM 0.32 and later; HTTP {fresh.status})"
+    if fresh.error is not None:
+        return f"{CHECKER}: failed when fresh: {fresh.error}"
     parts, matched, agree = [], [], []
-    for entry in (e for e in asked if e.get("point") in RESTORE_POINTS):
-        found, cycle = entry["weight_checker"], int(entry.get("cycle", 0))
-        if "error" in found:
-            parts.append(f"failed in cycle {cycle}: {found['error']}")
+    for taken in (d for d in asked if d.point in RESTORE_POINTS):
+        found, cycle = taken.weight_checker, taken.cycle
+        assert found is not None
+        if found.error is not None:
+            parts.append(f"failed in cycle {cycle}: {found.error}")
             continue
-        ours = target_params_differ(entry)
+        ours = target_params_differ(taken)
         if ours is not None:
-            agree.append((ours == 0) == bool(found.get("match")))
-        if found.get("match"):
+            agree.append((ours == 0) == bool(found.match))
+        if found.match:
             matched.append(cycle)
         else:
-            names = ", ".join(found.get("names") or [])
-            differ = f"{found.get('mismatches')}/{found.get('parameters')}"
-            parts.append(f"{differ} parameters differ from fresh in cycle {cycle} ({names})")
+            names = ", ".join(found.names)
+            parts.append(
+                f"{found.mismatches}/{found.parameters} parameters differ from fresh in cycle {cycle} ({names})"
+            )
     if matched:
         parts.insert(0, f"matches fresh after the sync in {_cycles(matched)}")
     verdict = ""
@@ -173,13 +166,11 @@ def _discard_text(answer: DiscardAnswer) -> str:
     return " · ".join(parts)
 
 
-def _free(entry: dict[str, Any] | None) -> list[int | None]:
-    if entry is None:
-        return []
-    return [Memory.from_dict(m).free_bytes for m in entry.get("memory") or []]
+def _free(diagnostic: Diagnostic | None) -> list[int | None]:
+    return [m.free_bytes for m in diagnostic.memory] if diagnostic is not None else []
 
 
-def memory_line(diagnostics: Sequence[dict[str, Any]], cycle: int = 1) -> str:
+def memory_line(diagnostics: Sequence[Diagnostic], cycle: int = 1) -> str:
     """GiB freed by sleep and restored by wake, per rank, for one cycle; `n/a` where no device memory exists."""
     before = _free(at(diagnostics, BEFORE_SLEEP, cycle))
     asleep = _free(at(diagnostics, SLEEP.point, cycle))

@@ -29,8 +29,8 @@ from specwake.judge.weights import restored
 from specwake.prepare.plan import redact_env
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant
-from specwake.protocol import PUSH_VIA, SYNC_VIA, Chosen, PushRequest
-from specwake.results import INCOMPLETE, ScenarioResult, StageResult, StepResult, VariantResult
+from specwake.protocol import Chosen, PushRequest
+from specwake.results import INCOMPLETE, Diagnostic, Push, ScenarioResult, StageResult, StepResult, VariantResult
 
 
 @dataclass
@@ -45,7 +45,7 @@ class VariantRecord:
     cores: tuple[int, ...] = ()
     stages: list[StageResult] = field(default_factory=list)
     steps: list[StepResult] = field(default_factory=list)
-    diagnostics: list[dict[str, Any]] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)  # {"workers": [specwake_info answers]}
     crash_class: str | None = None  # set when the variant failed (see specwake.judge.crashes)
     error: str | None = None
@@ -60,10 +60,9 @@ class VariantRecord:
 
 def push_of(scenario: Scenario, prep: PreparedVariant) -> PushRequest | None:
     """The variant's weight push or sync, when its cycles push or sync instead of reloading."""
-    reload = scenario.cycle.reload
-    if reload == "reload_weights":
+    via = scenario.cycle.reload_kind.via
+    if via is None:
         return None
-    via = SYNC_VIA if reload == "weight_transfer" else PUSH_VIA
     return PushRequest(prep.variant.push_to, dict(prep.variant.push_scale), via, prep.variant.push_skip)
 
 
@@ -73,7 +72,7 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
     push = push_of(scenario, prep)
     if push is not None and record.chosen:
         push = replace(push, chosen=record.chosen)
-    pushed = push.to_dict() if push is not None else None
+    pushed = Push.of(push) if push is not None else None
     outcome = INCOMPLETE
     if record.complete:
         outcome = decide_outcome(

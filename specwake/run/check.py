@@ -32,7 +32,7 @@ from specwake.prepare.variants import (
     prepare,
     validate_run,
 )
-from specwake.protocol import PUSH_VIA, ROLES, SYNC_VIA, PushRequest
+from specwake.protocol import ROLES, PushRequest
 from specwake.run.cycle import cycle_steps
 from specwake.run.runner import MEASURING, Work, packing_mode, server_jobs
 from specwake.run.schedule import plan_schedule
@@ -143,10 +143,10 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     w, c = scenario.workload, scenario.cycle
     source = w.prompts if isinstance(w.prompts, str) else "the scenario file"
     emulated = any(p.l2_discard == "emulated" for p in prepared)
-    push = None
-    if c.reload != "reload_weights":  # every model some variant pushes into or syncs
+    push, kind = None, c.reload_kind
+    if kind.via is not None:  # every model some variant pushes into or syncs
         to = tuple(r for r in ROLES if any(r in p.variant.push_to for p in prepared))
-        push = PushRequest(to or ("target",), via=SYNC_VIA if c.reload == "weight_transfer" else PUSH_VIA)
+        push = PushRequest(to or ("target",), via=kind.via)
     steps = "; ".join(
         f"L{level}: " + " → ".join(step.name for step in cycle_steps(level, emulated, c.discard_fill, push))
         for level in c.levels
@@ -171,8 +171,7 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     ]
     for prep in prepared:
         rule = speed_rule(scenario.min_speedup_recovery, prep.l2_discard)
-        verb = {"push": "pushes to", "weight_transfer": "syncs through vLLM's weight-transfer API:"}.get(c.reload)
-        pushed = f"; {verb} {' and '.join(prep.variant.push_to)}" if verb else ""
+        pushed = f"; {kind.check_verb} {' and '.join(prep.variant.push_to)}" if kind.check_verb else ""
         if prep.variant.push_scale:
             pushed += ", scaling " + ", ".join(f"{n} ×{f:g}" for n, f in prep.variant.push_scale)
         if prep.variant.push_skip:
@@ -229,7 +228,7 @@ def describe(
         lines.append("    argv: " + shlex.join(plan.argv))
         for key, value in sorted(redact_env(plan.env_added).items()):
             lines.append(f"    env: {key}={value}")
-        for note in cpu_no_ops(prep, scenario.cycle.reload != "reload_weights"):
+        for note in cpu_no_ops(prep, scenario.cycle.reload_kind.pushes):
             lines.append(f"    note: {note}")
         if prep.platform_problem:
             lines.append(f"    NOT RUNNABLE HERE: {prep.platform_problem}")

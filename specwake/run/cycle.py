@@ -72,18 +72,29 @@ def cycle_steps(
     if emulate_discard and level == 2:
         steps.append(Step(protocol.DISCARD_STEP, rpc_kwargs=(("fill", fill),)))
     steps.append(Step(protocol.WAKE_WEIGHTS, (("tags", "weights"),)))
-    if push is None:
-        steps.append(Step(protocol.RELOAD_STEP))
-    elif push.syncs:
-        steps += sync_steps(push, cycle, chunks)
-    else:
-        steps.append(Step(protocol.PUSH_STEP, rpc_kwargs=(("request", push.to_json()),)))
+    kind = protocol.KIND_BY_VIA[push.via if push is not None else None]
+    steps += RESTORE_STEPS[kind.name](push, cycle, chunks)
     return [*steps, Step(protocol.WAKE_KV_CACHE, (("tags", "kv_cache"),)), reset]
 
 
-def sync_steps(push: PushRequest, cycle: int, chunks: dict[str, list[TransferChunk]] | None) -> list[Step]:
+Chunks = dict[str, list[TransferChunk]]
+
+
+def reload_steps(push: PushRequest | None, cycle: int, chunks: Chunks | None) -> list[Step]:
+    """vLLM's reload_weights: every model from its checkpoint, as vLLM's docs wake an L2 sleep."""
+    return [Step(protocol.RELOAD_STEP)]
+
+
+def push_steps(push: PushRequest | None, cycle: int, chunks: Chunks | None) -> list[Step]:
+    """specwake's push: the checkpoint's tensors loaded into the live models, as RL trainers did."""
+    assert push is not None
+    return [Step(protocol.PUSH_STEP, rpc_kwargs=(("request", push.to_json()),))]
+
+
+def sync_steps(push: PushRequest | None, cycle: int, chunks: Chunks | None) -> list[Step]:
     """A weight sync as RL frameworks run it (SkyRL, vime): the transfer engine initialized once, then one session
     per model, the target's first."""
+    assert push is not None
     steps = [Step(protocol.INIT_TRANSFER, body={"init_info": {}})] if cycle == 1 else []
     for role in (r for r in protocol.ROLES if r in push.to):
         start = protocol.START_DRAFT_UPDATE if role == "draft" else protocol.START_UPDATE
@@ -96,6 +107,14 @@ def sync_steps(push: PushRequest, cycle: int, chunks: dict[str, list[TransferChu
         ]
     steps[-1] = Step(protocol.FINISH_UPDATE, ends_sync=True)
     return steps
+
+
+# The steps that bring the weights back after `wake_weights`, per protocol.RELOAD_KINDS row.
+RESTORE_STEPS: dict[str, Callable[[PushRequest | None, int, Chunks | None], list[Step]]] = {
+    protocol.RELOAD_KIND.name: reload_steps,
+    protocol.PUSH_KIND.name: push_steps,
+    protocol.SYNC_KIND.name: sync_steps,
+}
 
 
 def _call(client: VllmClient, step: Step, timeout: float) -> Answer:

@@ -14,6 +14,7 @@ from typing import Any
 
 from specwake import protocol
 from specwake.errors import ServerFault
+from specwake.results import CheckerReading, Diagnostic
 from specwake.run.client import VllmClient
 
 
@@ -21,7 +22,7 @@ def fingerprint_kwargs(point: str) -> dict[str, str]:
     return {"save_as": protocol.FRESH} if point == protocol.FRESH_POINT else {"compare_to": protocol.FRESH}
 
 
-def take(client: VllmClient, cycle: int, point: str, *, timeout: float) -> dict[str, Any] | None:
+def take(client: VllmClient, cycle: int, point: str, *, timeout: float) -> Diagnostic | None:
     """Ask every worker for what this point calls for; None when the point needs nothing.
 
     A failing diagnostic is recorded, never raised: the cycle's own steps decide whether the server is broken.
@@ -29,16 +30,16 @@ def take(client: VllmClient, cycle: int, point: str, *, timeout: float) -> dict[
     wants_fp, wants_mem = point in protocol.FINGERPRINT_POINTS, point in protocol.MEMORY_POINTS
     if not (wants_fp or wants_mem):
         return None
-    entry: dict[str, Any] = {"cycle": cycle, "point": point}
+    answers: dict[str, Any] = {"cycle": cycle, "point": point}
     try:
         if wants_fp:
             kwargs = fingerprint_kwargs(point)
-            entry["fingerprints"] = client.rpc_results(protocol.FINGERPRINT, timeout=timeout, kwargs=kwargs)
+            answers["fingerprints"] = client.rpc_results(protocol.FINGERPRINT, timeout=timeout, kwargs=kwargs)
         if wants_mem:
-            entry["memory"] = client.rpc_results(protocol.MEMORY, timeout=timeout)
+            answers["memory"] = client.rpc_results(protocol.MEMORY, timeout=timeout)
     except ServerFault as exc:
-        entry["error"] = str(exc)
-    return entry
+        answers["error"] = str(exc)
+    return Diagnostic.from_dict(answers)
 
 
 # -- vLLM's own /weight_checker (vLLM >= 0.32): SHA-256 of every target parameter, a second opinion after a sync -------
@@ -47,28 +48,28 @@ CHECKER = "/weight_checker"
 CHECKER_NAMES_KEPT = 5
 
 
-def checker_baseline(client: VllmClient, *, timeout: float) -> tuple[dict[str, str] | None, dict[str, Any]]:
+def checker_baseline(client: VllmClient, *, timeout: float) -> tuple[dict[str, str] | None, CheckerReading]:
     """The target's parameter checksums by vLLM's /weight_checker, and what to record of them (the checksums
     themselves stay in memory: thousands of names on a real model)."""
     try:
         answer = client.request("POST", CHECKER, json={"action": "checksum"}, timeout=timeout)
     except ServerFault as exc:
-        return None, {"error": str(exc)}
+        return None, CheckerReading(error=str(exc))
     sums = answer.body.get("checksums") if answer.ok and isinstance(answer.body, dict) else None
     if not isinstance(sums, dict):
-        return None, {"offered": False, "status": answer.status}
-    return sums, {"offered": True, "parameters": len(sums)}
+        return None, CheckerReading(offered=False, status=answer.status)
+    return sums, CheckerReading(offered=True, parameters=len(sums))
 
 
-def checker_compare(client: VllmClient, baseline: dict[str, str], *, timeout: float) -> dict[str, Any]:
+def checker_compare(client: VllmClient, baseline: dict[str, str], *, timeout: float) -> CheckerReading:
     """vLLM's comparison of the target's parameters now with `baseline`: match, and which names differ."""
     try:
         answer = client.request("POST", CHECKER, json={"action": "compare", "baseline": baseline}, timeout=timeout)
     except ServerFault as exc:
-        return {"error": str(exc)}
+        return CheckerReading(error=str(exc))
     body = answer.body if isinstance(answer.body, dict) else {}
     if not answer.ok or "match" not in body:
-        return {"error": f"HTTP {answer.status}: {body or answer.body!r}"[:300]}
-    names = [str(n) for n in body.get("mismatches") or []]
-    return {"match": bool(body["match"]), "mismatches": len(names), "names": names[:CHECKER_NAMES_KEPT],
-            "parameters": len(baseline)}  # fmt: skip
+        return CheckerReading(error=f"HTTP {answer.status}: {body or answer.body!r}"[:300])
+    names = tuple(str(n) for n in body.get("mismatches") or [])
+    kept = names[:CHECKER_NAMES_KEPT]
+    return CheckerReading(match=bool(body["match"]), mismatches=len(names), names=kept, parameters=len(baseline))

@@ -8,7 +8,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -20,7 +20,7 @@ from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, P
 from specwake.judge.verdict import speed_rule
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant, check_imports, plan_variant
-from specwake.protocol import PushRequest, TransferChunk
+from specwake.protocol import KIND_BY_VIA, PushRequest, TransferChunk
 from specwake.results import StepResult, VariantResult
 from specwake.run import diagnose
 from specwake.run.assemble import VariantRecord, judge_variant, push_of
@@ -35,6 +35,15 @@ from specwake.run.server import Server, ServerSpec, describe_exit, free_port
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result
 EXIT_SETTLE_S = 1.0  # after a fault, how long a dying server gets to be seen as exited
+
+
+@dataclass
+class SyncState:
+    """What a weight sync keeps across a variant's cycles: each model's update_weights calls (its checkpoint's
+    tensors as the sync sends them) and vLLM's /weight_checker sums of the fresh target."""
+
+    chunks: dict[str, list[TransferChunk]] = field(default_factory=dict)
+    checker_sums: dict[str, str] | None = None
 
 
 class VariantRun:
@@ -73,8 +82,7 @@ class VariantRun:
         self.client: VllmClient | None = None
         self.completer: Completer | None = None
         self.fresh_completions: list[Completion] = []  # kept to compare tokens and logprobs after each cycle
-        self.chunks: dict[str, list[TransferChunk]] = {}  # a sync's update_weights calls, per model
-        self.checker_sums: dict[str, str] | None = None  # vLLM's /weight_checker checksums when fresh (a sync)
+        self.sync = SyncState() if self.push is not None and self.push.syncs else None
         self.phase = "startup"
         self.completed_phases = 0
         self.started = clock()
@@ -191,7 +199,7 @@ class VariantRun:
             names = {role: [n for chunk in chunks for n in chunk.loaded_names] for role, chunks in sent.items()}
             chosen, unmatched = protocol.choose(names, push.scale, push.skip)
             if unmatched:
-                how = "sync" if push.syncs else "push"
+                how = KIND_BY_VIA[push.via].noun
                 picks = "; ".join(
                     f"{'push_skip' if e in push.skip else 'push_scale'} {e!r} picks no tensor the {how} sends"
                     for e in unmatched
@@ -201,8 +209,8 @@ class VariantRun:
             self.push = replace(push, chosen=chosen)
             self.record.chosen = chosen
             sent = {role: [c for one in chunks if (c := one.narrowed(chosen[role]))] for role, chunks in sent.items()}
-        if push.syncs:
-            self.chunks = sent
+        if self.sync is not None:
+            self.sync.chunks = sent
 
     def close(self) -> None:
         """Stop the server (always safe to call, also when it never started)."""
@@ -225,8 +233,8 @@ class VariantRun:
                 self._stage(self.client, 0)
                 with self._busy():
                     self._diagnose(self.client, 0, protocol.FRESH_POINT)
-                    if self.push is not None and self.push.syncs:
-                        self._checker(self.client, None)
+                    if self.sync is not None:
+                        self._checker(self.client, self.sync, None)
             else:
                 with self._busy():
                     self._cycle(self.client, index)
@@ -272,20 +280,21 @@ class VariantRun:
             self.record.diagnostics.append(entry)
         self._timed("diagnostics", self.clock() - t0)
 
-    def _checker(self, client: VllmClient, cycle: int | None) -> None:
+    def _checker(self, client: VllmClient, sync: SyncState, cycle: int | None) -> None:
         """vLLM's /weight_checker beside specwake's fingerprints: its checksums when fresh (cycle None), its
         comparison with them after a sync; recorded in the diagnostics entry of that point."""
         t0, timeout = self.clock(), self.scenario.cycle.step_timeout_s
         point = protocol.FRESH_POINT if cycle is None else protocol.SYNC_POINT
         if cycle is None:
-            self.checker_sums, found = diagnose.checker_baseline(client, timeout=timeout)
-        elif self.checker_sums is not None:
-            found = diagnose.checker_compare(client, self.checker_sums, timeout=timeout)
+            sync.checker_sums, found = diagnose.checker_baseline(client, timeout=timeout)
+        elif sync.checker_sums is not None:
+            found = diagnose.checker_compare(client, sync.checker_sums, timeout=timeout)
         else:
             return
-        entries = [e for e in self.record.diagnostics if e.get("point") == point and e.get("cycle") == (cycle or 0)]
-        if entries:
-            entries[-1]["weight_checker"] = found
+        taken = self.record.diagnostics
+        last = max((i for i, d in enumerate(taken) if d.point == point and d.cycle == (cycle or 0)), default=None)
+        if last is not None:
+            taken[last] = replace(taken[last], weight_checker=found)
         self._timed("diagnostics", self.clock() - t0)
 
     def _cycle(self, client: VllmClient, k: int) -> None:
@@ -299,8 +308,8 @@ class VariantRun:
             self._timed("cycle_steps", step.seconds)
             if step.ok:
                 self._diagnose(client, k, point)
-                if point == protocol.SYNC_POINT:
-                    self._checker(client, k)
+                if point == protocol.SYNC_POINT and self.sync is not None:
+                    self._checker(client, self.sync, k)
 
         metrics = OperationClock(client.metrics_text, frozenset({protocol.SLEEP_METRIC, protocol.TRANSFER_METRIC}))
         metrics.start()
@@ -312,7 +321,7 @@ class VariantRun:
             step_timeout_s=self.scenario.cycle.step_timeout_s,
             fill=self.scenario.cycle.discard_fill,
             push=self.push,
-            chunks=self.chunks,
+            chunks=self.sync.chunks if self.sync is not None else None,
             on_step=after_step,
             host_rss=self.server.rss_bytes,
             vllm_seconds=lambda kind: metrics.seconds(kind.vllm_metric),

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from specwake.results import ScenarioResult, StageResult, StepResult, VariantResult
+from specwake.results import Diagnostic, ScenarioResult, StageResult, StepResult, VariantResult
 from specwake.runfolder import load_result
 from tests.helpers.paths import DATA
 
@@ -121,8 +121,8 @@ def _fingerprint(draft_zero: int) -> list[dict]:
 
 
 DIAGNOSTICS = [
-    {"cycle": 1, "point": "before sleep", "memory": [{"device": "cpu", "free_bytes": None}]},
-    {"cycle": 1, "point": "after reload_weights", "fingerprints": _fingerprint(7)},
+    Diagnostic.from_dict({"cycle": 1, "point": "before sleep", "memory": [{"device": "cpu", "free_bytes": None}]}),
+    Diagnostic.from_dict({"cycle": 1, "point": "after reload_weights", "fingerprints": _fingerprint(7)}),
 ]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from specwake.prepare.engine import EngineInfo
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant
-from specwake.results import INCOMPLETE
+from specwake.results import INCOMPLETE, Diagnostic
 from specwake.run.assemble import VariantRecord, judge_scenario, judge_variant
 from specwake.runfolder import RunLayout
 from tests.helpers.builders import stage
@@ -35,10 +35,14 @@ def held(**fields: object) -> VariantRecord:
     return VariantRecord("baseline", "/logs/baseline.log", ["python", "-m", "vllm"], {"A": "1"}, **given)  # type: ignore[arg-type]
 
 
-def fingerprints(draft_differ: int, moved: int = 0) -> list[dict[str, object]]:
+def fingerprints(draft_differ: int, moved: int = 0) -> list[Diagnostic]:
     draft = {"tensors": 7, "compared": 7, "differ": draft_differ, "moved": moved, "moved_names": ["x"][:moved]}
     target = {"tensors": 9, "compared": 9, "differ": 0, "moved": 0}
-    return [{"cycle": 1, "point": "after reload_weights", "fingerprints": [{"target": target, "draft": draft}]}]
+    return [
+        Diagnostic.from_dict(
+            {"cycle": 1, "point": "after reload_weights", "fingerprints": [{"target": target, "draft": draft}]}
+        )
+    ]
 
 
 def test_a_record_that_held_recovers_and_matches(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ require_module("torch")  # torch comes with vLLM; the CLI side never imports it
 import torch  # noqa: E402
 
 from specwake.report.weights import weights_line  # noqa: E402
+from specwake.results import Diagnostic  # noqa: E402
 from specwake.worker import packed  # noqa: E402
 from specwake.worker.discard import emulate_discard, packed_state  # noqa: E402
 from specwake.worker.tensors import Reference, fingerprint  # noqa: E402
@@ -160,7 +161,9 @@ def test_a_closure_that_reads_the_weight_it_is_passed_holds_no_copy() -> None:
 
 def test_the_report_says_packed_weights_were_compared_and_empty_ones_not() -> None:
     part = {"tensors": 4, "compared": 4, "differ": 1, "unpacked": 2, "empty": 1}
-    diagnostics = [{"cycle": 1, "point": "after reload_weights", "fingerprints": [{"draft": part}]}]
+    diagnostics = [
+        Diagnostic.from_dict({"cycle": 1, "point": "after reload_weights", "fingerprints": [{"draft": part}]})
+    ]
     assert weights_line(diagnostics, "draft") == (
         "draft: 1/4 tensors differ from fresh after reload_weights in cycle 1 (2 packed CPU weights read back and"
         " compared; 1 empty parameters not compared)"

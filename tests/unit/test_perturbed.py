@@ -8,6 +8,7 @@ specwake.run.assemble, as a run judges them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from specwake.prepare.scenario import load_scenario
 from specwake.prepare.variants import PreparedVariant
 from specwake.protocol import Chosen, PushRequest, TransferChunk, choose
 from specwake.report.explain import explain
-from specwake.results import VariantResult
+from specwake.results import Diagnostic, Push, VariantResult
 from specwake.run.assemble import VariantRecord, judge_variant
 from tests.helpers.builders import stage
 from tests.helpers.scenario_texts import MINIMAL
@@ -64,23 +65,28 @@ def test_a_sync_sends_fewer_names_and_says_which_to_scale() -> None:
 def test_a_resolved_request_counts_per_model_what_it_scaled_and_left_out() -> None:
     chosen = {"target": Chosen(), "draft": Chosen(("a", "b"), {"c": 1.05})}
     request = PushRequest(("target", "draft"), {"draft:c": 1.05}, "weight_transfer", ("draft:[ab]",), chosen)
-    assert request.to_dict() == {
+    assert Push.of(request).to_dict() == {
         "to": ["target", "draft"], "scale": {"draft:c": 1.05}, "via": "weight_transfer", "skip": ["draft:[ab]"],
         "scaled": {"target": 0, "draft": 1}, "skipped": {"target": 0, "draft": 2},
     }  # fmt: skip
+    assert Push.from_dict(Push.of(request).to_dict()) == Push.of(request)  # as a result file reads it back
     pushed = PushRequest(request.to, request.scale, skip=request.skip, chosen=chosen)
     assert PushRequest.from_json(pushed.to_json()) == pushed  # as the worker's push reads it
 
 
 def test_the_models_perturbed_follow_what_was_scaled_and_old_results_read_as_before() -> None:
+    def read(data: dict[str, Any]) -> Push | None:
+        return Push.from_dict(data)
+
     both = {"to": ["target", "draft"], "scale": {"x": 2.0}}
-    assert perturbed_models(both) == {"target", "draft"} and not judges_drafter(both)  # results without counts
-    drafter = both | {"scale": {"draft:x": 1.05}, "scaled": {"target": 0, "draft": 1}}
+    assert perturbed_models(read(both)) == {"target", "draft"} and not judges_drafter(read(both))  # without counts
+    drafter = read(both | {"scale": {"draft:x": 1.05}, "scaled": {"target": 0, "draft": 1}})
     assert perturbed_models(drafter) == {"draft"} and judges_drafter(drafter)  # judged: it must differ from fresh
-    target = both | {"scaled": {"target": 1, "draft": 0}}
+    target = read(both | {"scaled": {"target": 1, "draft": 0}})
     assert perturbed_models(target) == {"target"} and judges_drafter(target)  # the drafter got its checkpoint
-    partial = {"to": ["target", "draft"], "scale": {}, "skip": ["draft:x"], "skipped": {"target": 0, "draft": 1}}
+    partial = read({"to": ["target", "draft"], "scale": {}, "skip": ["draft:x"], "skipped": {"target": 0, "draft": 1}})
     assert perturbed_models(partial) == frozenset() and judges_drafter(partial)
+    assert judges_drafter(None) and not judges_drafter(read({"to": ["target"], "scale": {}}))
 
 
 # ------------------------------------------------------------ judged and explained by what was perturbed
@@ -108,7 +114,8 @@ def judged(
     point = SYNC_POINT if reload == "weight_transfer" else "after push"
     target = {"tensors": 9, "compared": 9, "differ": target_differ, "moved": 0}
     draft = {"tensors": 7, "compared": 7, "differ": draft_differ, "differ_names": ["model.norm.weight"][:draft_differ]}
-    diagnostics = [{"cycle": c, "point": point, "fingerprints": [{"target": target, "draft": draft}]} for c in (1, 2)]
+    taken = [{"cycle": c, "point": point, "fingerprints": [{"target": target, "draft": draft}]} for c in (1, 2)]
+    diagnostics = [Diagnostic.from_dict(d) for d in taken]
     record = VariantRecord("v", "/logs/v.log", stages=stages, diagnostics=diagnostics, complete=True, chosen=chosen)
     return judge_variant(scenario, prep, record)
 
@@ -185,7 +192,7 @@ def test_a_partial_drafter_sync_is_never_recover(tmp_path: Path, draft_differ: i
     text = "[variants.v]\npush_skip = ['draft:model.layers.1.*']\n"
     partial = {"target": Chosen(), "draft": Chosen(("model.layers.1.mlp.down_proj.weight",))}
     v = judged(tmp_path, text, partial, al=al, draft_differ=draft_differ)
-    assert v.outcome == expected and v.push is not None and v.push["skipped"] == {"target": 0, "draft": 1}
+    assert v.outcome == expected and v.push is not None and v.push.skipped == {"target": 0, "draft": 1}
     assert "the sync left out draft:model.layers.1.* (1 drafter tensor)" in explain(v, 0.05)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from specwake import protocol
 from specwake.protocol import DiscardAnswer, Fingerprint, Memory, PushAnswer, PushRequest
+from specwake.results import Push
 
 
 def test_the_step_table_gives_the_probe_points_the_restore_points_and_the_wake() -> None:
@@ -24,9 +25,9 @@ def test_a_push_request_travels_as_json_and_back() -> None:
     assert PushRequest.from_json(request.to_json()) == request
     assert PushRequest.from_json("{}") == PushRequest()  # the default push: the target, unscaled
     # in result files: a push reads as it always did, a sync says so
-    assert request.to_dict() == {"to": ["target", "draft"], "scale": {"lm_head.weight": 2.0}}
-    sync = PushRequest(("target",), via=protocol.SYNC_VIA)
-    assert sync.to_dict()["via"] == "weight_transfer" and PushRequest.from_dict(sync.to_dict()) == sync
+    assert Push.of(request).to_dict() == {"to": ["target", "draft"], "scale": {"lm_head.weight": 2.0}}
+    sync = Push.of(PushRequest(("target",), via=protocol.SYNC_VIA))
+    assert sync.to_dict()["via"] == "weight_transfer" and Push.from_dict(sync.to_dict()) == sync and sync.syncs
     assert PushAnswer.from_dict({"pushed": {"target": "pushed"}, "scaled": [], "extra": 1}).unmatched == []
 
 

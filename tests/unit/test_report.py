@@ -18,6 +18,7 @@ import pytest
 
 from specwake.errors import InputError, ResultsUnwritable
 from specwake.judge.stats import ratio
+from specwake.protocol import RELOAD_KIND
 from specwake.report import (
     STAGE_COLUMNS,
     provenance_line,
@@ -27,8 +28,8 @@ from specwake.report import (
     run_files,
     stages_frame,
 )
-from specwake.report.summary import EMULATED_NOTE, RESET_NOTE, RESTORED_BY
-from specwake.results import SCHEMA, StepResult, VariantResult, from_dict
+from specwake.report.summary import EMULATED_NOTE, RESET_NOTE
+from specwake.results import SCHEMA, Push, StepResult, VariantResult, from_dict
 from specwake.runfolder import load_result, write_files
 from tests.helpers.builders import (
     PATCH_SHA,
@@ -164,7 +165,7 @@ def test_variant_lines_carry_outcome_explanation_and_speed_call() -> None:
     assert "× fresh (3 vs 6 requests): **inconclusive** — too few requests for a 1% test" in text
     assert "- **patched**: recover (expected recover) ✓ — AL 4.00 → 4.00 → 3.92" in text
     assert "(3 fresh need ≥ 7 post-cycle); counts: set by the scenario" in text
-    assert EMULATED_NOTE.format(fill="zeros", restored=RESTORED_BY["reload_weights"]) in text
+    assert EMULATED_NOTE.format(fill="zeros", restored=RELOAD_KIND.restored_by) in text
 
 
 def test_patched_over_baseline_ratio_line() -> None:
@@ -387,8 +388,7 @@ def test_a_push_runs_footnote_names_the_push_not_a_reload_that_never_ran() -> No
         "cycle": {**result.scenario["settings"].get("cycle", {}), "reload": "push"},
     }
     pushed = [
-        replace(v, push={"to": ["target", "draft"] if v.name == "patched" else ["target"], "scale": {}})
-        for v in result.variants
+        replace(v, push=Push(("target", "draft") if v.name == "patched" else ("target",))) for v in result.variants
     ]
     text = render_markdown([replace(result, scenario={**result.scenario, "settings": settings}, variants=pushed)])
     note = next(line for line in text.splitlines() if line.startswith("> L2 discard emulated"))

@@ -17,6 +17,7 @@ import torch  # noqa: E402, TID251 (torch is this test's subject, as in the work
 
 from specwake.judge.weights import restored  # noqa: E402
 from specwake.report.weights import uncovered_line, weights_line  # noqa: E402
+from specwake.results import Diagnostic  # noqa: E402
 from specwake.worker.coverage import uncovered  # noqa: E402
 from specwake.worker.tensors import Reference, fingerprint  # noqa: E402
 
@@ -114,8 +115,10 @@ def test_a_head_tied_to_an_embedding_the_proposer_replaced_counts_as_loaded() ->
     assert uncovered(model, iter(weights[:2])) == ["lm_head.weight", "mask_embedding"]
 
 
-def probe(cycle: int, point: str, draft: dict[str, Any]) -> dict[str, Any]:
-    return {"cycle": cycle, "point": point, "fingerprints": [{"target": {"present": False}, "draft": draft}]}
+def probe(cycle: int, point: str, draft: dict[str, Any]) -> Diagnostic:
+    return Diagnostic.from_dict(
+        {"cycle": cycle, "point": point, "fingerprints": [{"target": {"present": False}, "draft": draft}]}
+    )
 
 
 def test_a_parameter_no_load_writes_is_compared_apart_and_decides_nothing() -> None:

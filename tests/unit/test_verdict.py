@@ -25,7 +25,7 @@ from specwake.judge.verdict import (
     speed_rule,
 )
 from specwake.report.explain import explain, first_difference
-from specwake.results import INCOMPLETE, StageResult, StepResult, VariantResult
+from specwake.results import INCOMPLETE, Diagnostic, Push, StageResult, StepResult, VariantResult
 from tests.helpers import builders
 
 TOL = 0.05
@@ -350,7 +350,7 @@ def test_a_variant_without_speculation_is_the_floor_unless_its_target_broke() ->
 # ------------------------------------------------------------ the drafter, moved storage, an ignored sleep
 
 
-def restore_point(cycle: int, draft_differ: int, moved: int = 0, point: str = "after reload_weights") -> dict:
+def restore_point(cycle: int, draft_differ: int, moved: int = 0, point: str = "after reload_weights") -> Diagnostic:
     """One rank's fingerprints after a reload: the target matches fresh; the drafter has `draft_differ` of 7 tensors
     off and `moved` tensor attributes at a new address."""
     target = {"tensors": 9, "compared": 9, "differ": 0, "moved": 0}
@@ -358,7 +358,7 @@ def restore_point(cycle: int, draft_differ: int, moved: int = 0, point: str = "a
         "tensors": 7, "compared": 7, "differ": draft_differ, "differ_names": ["fc.weight"][:draft_differ],
         "moved": moved, "moved_names": ["_fused"][:moved], "moved_by_kind": {"attribute": moved},
     }  # fmt: skip
-    return {"cycle": cycle, "point": point, "fingerprints": [{"target": target, "draft": draft}]}
+    return Diagnostic.from_dict({"cycle": cycle, "point": point, "fingerprints": [{"target": target, "draft": draft}]})
 
 
 def test_a_drafter_that_does_not_match_fresh_is_never_recover_even_while_al_holds() -> None:
@@ -380,9 +380,9 @@ def test_the_explanation_names_the_worst_cycle_of_the_drafter() -> None:
 
 def test_the_drafter_is_judged_after_a_reload_from_its_checkpoint_only() -> None:
     assert judges_drafter(None)  # reload_weights
-    assert judges_drafter({"to": ["target", "draft"], "scale": {}})
-    assert not judges_drafter({"to": ["target"], "scale": {}})  # the drafter keeps its discarded weights
-    assert not judges_drafter({"to": ["target", "draft"], "scale": {"lm_head.weight": 2.0}})  # changed on purpose
+    assert judges_drafter(Push(("target", "draft")))
+    assert not judges_drafter(Push(("target",)))  # the drafter keeps its discarded weights
+    assert not judges_drafter(Push(("target", "draft"), {"lm_head.weight": 2.0}))  # changed on purpose
 
 
 def test_tensors_in_new_storage_are_a_finding_unless_the_scenario_never_captures_graphs() -> None:

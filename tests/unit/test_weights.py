@@ -7,16 +7,17 @@ from typing import Any
 
 from specwake.judge.weights import moved, restored, worst_restore
 from specwake.report.weights import checker_line, discard_line, weights_line
-from specwake.results import StepResult
+from specwake.results import Diagnostic, StepResult
 
 
 def part(differ: int, compared: int = 7, **fields: Any) -> dict[str, Any]:
     return {"tensors": compared, "compared": compared, "differ": differ, **fields}
 
 
-def at(cycle: int, *ranks: dict[str, Any], point: str = "after reload_weights") -> dict[str, Any]:
+def at(cycle: int, *ranks: dict[str, Any], point: str = "after reload_weights") -> Diagnostic:
     """One restore point; each rank's drafter part given, its target matching fresh."""
-    return {"cycle": cycle, "point": point, "fingerprints": [{"target": part(0, 9), "draft": r} for r in ranks]}
+    ranks_found = [{"target": part(0, 9), "draft": r} for r in ranks]
+    return Diagnostic.from_dict({"cycle": cycle, "point": point, "fingerprints": ranks_found})
 
 
 def test_every_cycle_is_read_worst_first_never_the_first_cycle_alone() -> None:
@@ -48,7 +49,11 @@ def test_kinds_other_than_parameters_are_named_when_they_differ() -> None:
 
 
 def test_old_results_without_comparisons_still_read() -> None:
-    old = [{"cycle": 1, "point": "after reload_weights", "fingerprints": [{"draft": {"tensors": 7, "all_zero": 5}}]}]
+    old = [
+        Diagnostic.from_dict(
+            {"cycle": 1, "point": "after reload_weights", "fingerprints": [{"draft": {"tensors": 7, "all_zero": 5}}]}
+        )
+    ]
     assert weights_line(old, "draft") == "draft: 5/7 parameters all-zero or on meta after reload_weights in cycle 1"
     assert restored(old, "draft") is None
 
@@ -80,14 +85,16 @@ def test_the_discard_line_counts_each_kind_per_model() -> None:
     assert discard_line([]) is None
 
 
-def synced(cycle: int, target_differ: int, checker: dict[str, Any]) -> dict[str, Any]:
+def synced(cycle: int, target_differ: int, checker: dict[str, Any]) -> Diagnostic:
     """The diagnostics after a weight sync: specwake's fingerprint of the target, and vLLM's /weight_checker."""
     target = part(target_differ, 9, differ_by_kind={"parameter": target_differ} if target_differ else {})
     entry = {"cycle": cycle, "point": "after weight sync", "fingerprints": [{"target": target, "draft": part(0)}]}
-    return entry | {"weight_checker": checker}
+    return Diagnostic.from_dict(entry | {"weight_checker": checker})
 
 
-FRESH_CHECKER = {"cycle": 0, "point": "after fresh", "weight_checker": {"offered": True, "parameters": 9}}
+FRESH_CHECKER = Diagnostic.from_dict(
+    {"cycle": 0, "point": "after fresh", "weight_checker": {"offered": True, "parameters": 9}}
+)
 
 
 def test_vllms_weight_checker_is_read_beside_specwakes_fingerprint() -> None:
@@ -105,7 +112,9 @@ def test_vllms_weight_checker_is_read_beside_specwakes_fingerprint() -> None:
 
 
 def test_a_server_without_the_weight_checker_says_so_and_a_run_without_a_sync_says_nothing() -> None:
-    absent = {"cycle": 0, "point": "after fresh", "weight_checker": {"offered": False, "status": 404}}
+    absent = Diagnostic.from_dict(
+        {"cycle": 0, "point": "after fresh", "weight_checker": {"offered": False, "status": 404}}
+    )
     assert checker_line([absent]) == (
         "vLLM's /weight_checker (SHA-256 of the target's parameters; no drafter, no buffers): not offered by this"
         " server (vLLM 0.32 and later; HTTP 404)"
