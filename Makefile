@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.specwake-installed
 
-.PHONY: install demo families push sync check test lint clean
+.PHONY: install demo families push sync dp check test lint clean
 
 install: $(STAMP)
 
@@ -22,8 +22,8 @@ demo: install
 	$(BIN)/specwake run scenarios/tiny-cpu.toml
 
 # Every drafter family that runs on CPU, stock vLLM against the reference fix: one combined report.
-# (The RL weight updates, push-*.toml and sync-*.toml, have their own targets below.)
-FAMILIES := $(filter-out scenarios/cpu/push-% scenarios/cpu/sync-%,$(wildcard scenarios/cpu/*.toml))
+# (The RL weight updates, push-*.toml and sync-*.toml, and data parallelism, dp-*.toml, have their own targets below.)
+FAMILIES := $(filter-out scenarios/cpu/push-% scenarios/cpu/sync-% scenarios/cpu/dp-%,$(wildcard scenarios/cpu/*.toml))
 
 families: install
 	$(BIN)/specwake run $(FAMILIES)
@@ -35,6 +35,10 @@ push: install
 # Every CPU family after weights synced through vLLM's weight-transfer API, target session then draft session.
 sync: install
 	$(BIN)/specwake run $(wildcard scenarios/cpu/sync-*.toml)
+
+# Two data-parallel engines behind one server, each judged: stock vLLM, the fix, and a fix on engine 0 only.
+dp: install
+	$(BIN)/specwake run $(wildcard scenarios/cpu/dp-*.toml)
 
 # The unit tier: in-process, no server, no subprocess; under a minute. Run it after every change.
 check: install

@@ -23,6 +23,20 @@ KNOWN_SCHEMAS = (SCHEMA,)
 
 
 @dataclass(frozen=True)
+class EngineStage:
+    """One data-parallel engine's part of a stage: its own spec-decode counters (vLLM labels them `engine`) over the
+    measured requests sent to it (X-data-parallel-rank)."""
+
+    engine: str  # vLLM's engine index, as its metrics label it
+    acceptance_length: float | None
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    per_position: list[float]
+    requests: int
+
+
+@dataclass(frozen=True)
 class StageResult:
     """One measured stage: `fresh` (cycle 0) or `after L2 #k` (cycle k)."""
 
@@ -61,6 +75,7 @@ class StageResult:
     # Why the stage stopped measuring where it did, one line: "decided after 3 requests: AL above …", "cap: 5 requests
     # (repeats); undecided: …", "fixed: the fresh stage is the reference"; None in results from before
     stopped: str | None = None
+    engines: list[EngineStage] = field(default_factory=list)  # per data-parallel engine; [] for one engine
 
     @property
     def measured(self) -> int:
@@ -122,11 +137,33 @@ class Diagnostic:
     memory: tuple[Memory, ...] = ()  # per rank
     weight_checker: CheckerReading | None = None
     error: str | None = None
+    engines: tuple[int, ...] = ()  # with data parallelism: the engine of each rank's answer; () for one engine
+
+    def rank_names(self) -> list[str]:
+        """`rank 1`, or with data parallelism `engine 1 rank 0`, for each answer in order."""
+        count = max(len(self.fingerprints), len(self.memory))
+        if len(self.engines) != count:
+            return [f"rank {r}" for r in range(count)]
+        ranks: dict[int, int] = {}
+        names = []
+        for engine in self.engines:
+            names.append(f"engine {engine} rank {ranks.get(engine, 0)}")
+            ranks[engine] = ranks.get(engine, 0) + 1
+        return names
 
     def parts(self, role: str) -> tuple[Fingerprint | None, ...]:
         """Each rank's fingerprint of `role`; None where the rank has no such model."""
         found = (rank.get(role) for rank in self.fingerprints)
         return tuple(part if part is not None and part.present else None for part in found)
+
+    def of_engine(self, engine: int) -> Diagnostic:
+        """What one data-parallel engine's ranks answered (all of it for an answer of one engine)."""
+        if len(self.engines) != len(self.fingerprints) or not self.engines:
+            return self
+        mine = [i for i, e in enumerate(self.engines) if e == engine]
+        memory = tuple(self.memory[i] for i in mine if i < len(self.memory))
+        fingerprints = tuple(self.fingerprints[i] for i in mine)
+        return replace(self, fingerprints=fingerprints, memory=memory, engines=tuple(engine for _ in mine))
 
     def to_dict(self) -> dict[str, Any]:
         """As result files keep it: only what was taken."""
@@ -137,6 +174,7 @@ class Diagnostic:
             data["memory"] = [asdict(m) for m in self.memory]
         if self.weight_checker is not None:
             data["weight_checker"] = self.weight_checker.to_dict()
+        data |= {"engines": list(self.engines)} if self.engines else {}
         return data | ({"error": self.error} if self.error is not None else {})
 
     @classmethod
@@ -148,9 +186,9 @@ class Diagnostic:
             ranks.append({role: fp for role, fp in rank.items() if fp is not None})
         memory = tuple(Memory.from_dict(m) for m in data.get("memory") or [] if isinstance(m, dict))
         checker = CheckerReading.from_dict(data.get("weight_checker"))
-        error = data.get("error")
+        error, engines = data.get("error"), tuple(int(e) for e in data.get("engines") or ())
         point, cycle = str(data.get("point")), int(data.get("cycle") or 0)
-        return cls(cycle, point, tuple(ranks), memory, checker, None if error is None else str(error))
+        return cls(cycle, point, tuple(ranks), memory, checker, None if error is None else str(error), engines)
 
 
 @dataclass(frozen=True)
@@ -226,6 +264,8 @@ class VariantResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)  # problems beyond the outcome (see verdict.findings)
     push: Push | None = None  # when cycles push or sync weights instead of reloading
+    # With data parallelism: engine → the outcome its own AL gives (the variant's is the worst); {} for one engine
+    engine_outcomes: dict[str, str] = field(default_factory=dict)
 
     @property
     def not_run(self) -> bool:
@@ -309,6 +349,11 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def _stage(data: dict[str, Any]) -> StageResult:
+    engines = [_build(EngineStage, e) for e in data.get("engines") or [] if isinstance(e, dict)]
+    return replace(_build(StageResult, data), engines=engines)
+
+
 def from_dict(data: dict[str, Any]) -> ScenarioResult:
     """Rebuild a ScenarioResult; raises ValueError on an unknown schema."""
     schema = data.get("schema")
@@ -316,7 +361,7 @@ def from_dict(data: dict[str, Any]) -> ScenarioResult:
         raise ValueError(f"unknown result schema {schema!r} (this specwake reads {', '.join(KNOWN_SCHEMAS)})")
     variants = []
     for v in data.get("variants", []):
-        stages = [_build(StageResult, s) for s in v.get("stages", [])]
+        stages = [_stage(s) for s in v.get("stages", [])]
         steps = [_build(StepResult, s) for s in v.get("steps", [])]
         diagnostics = [Diagnostic.from_dict(d) for d in v.get("diagnostics", []) if isinstance(d, dict)]
         typed = {"stages": stages, "steps": steps, "diagnostics": diagnostics, "push": Push.from_dict(v.get("push"))}

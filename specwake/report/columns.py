@@ -173,6 +173,7 @@ COLUMNS: tuple[Column, ...] = (
 # Fields of StageResult no column shows, and why: they are in result.json, and in the report's details where named.
 NOT_SHOWN = {
     "completion_tokens": "per-request token counts: what tok/s is computed from",
+    "engines": "each data-parallel engine's AL: the variant's explanation names the engine that decided it",
     "outputs": "the completions themselves",
     "warmup_seconds": "the unmeasured warmup's wall time: the run's timings",
     "prefix_cached": "the prefix-cache probe: a finding when stale, and the details' prefix-cache line",

@@ -5,6 +5,7 @@ the decisions specwake.judge.verdict makes. Decides nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from specwake.judge.crashes import ERROR_CLASSES
 from specwake.judge.expectations import COLLAPSE_AL
@@ -14,6 +15,7 @@ from specwake.judge.verdict import (
     at_least,
     collapsed,
     diverged,
+    engine_stages,
     fresh_stage,
     judges_drafter,
     perturbed_models,
@@ -128,8 +130,25 @@ def near_tie_note(stages: Sequence[StageResult]) -> str | None:
 def explain(variant: VariantResult, tolerance: float, *, collapse_al: float = COLLAPSE_AL) -> str:
     """One human line: why the variant got its outcome, with the numbers (and a note on near-tie flips)."""
     note = near_tie_note(variant.stages)
-    why = _explain(variant, tolerance, collapse_al)
+    why = _by_engine(variant, tolerance, collapse_al) or _explain(variant, tolerance, collapse_al)
     return why if note is None else f"{why}; {note}"
+
+
+def _by_engine(variant: VariantResult, tolerance: float, collapse_al: float) -> str | None:
+    """A data-parallel variant: why the engine that decided its outcome got it, then every other engine's outcome
+    and AL; None for a variant of one engine."""
+    decided = [e for e, outcome in variant.engine_outcomes.items() if outcome == variant.outcome]
+    if not decided:
+        return None
+    first = decided[0]
+    seen = replace(variant, stages=engine_stages(variant.stages, first))
+    why = f"engine {first} of {len(variant.engine_outcomes)}: {_explain(seen, tolerance, collapse_al)}"
+    others = [
+        f"engine {e}: {outcome}, {_al_chain(engine_stages(variant.stages, e))}"
+        for e, outcome in variant.engine_outcomes.items()
+        if e != first
+    ]
+    return "; ".join([why, *others])
 
 
 def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> str:

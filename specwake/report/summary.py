@@ -199,12 +199,19 @@ def _setup_line(result: ScenarioResult) -> list[str]:
     parts = [
         f"`{server.get('model', MISSING)}`",
         f"{spec.get('method', MISSING)} K={spec.get('num_speculative_tokens', MISSING)}",
-        f"TP {server.get('tensor_parallel_size', MISSING)}" + (", eager" if server.get("enforce_eager") else ""),
+        f"TP {server.get('tensor_parallel_size', MISSING)}{_dp(server)}"
+        + (", eager" if server.get("enforce_eager") else ""),
         f"{cycle.get('count', MISSING)} × L{cycle.get('level', MISSING)} sleep/wake",
         f"{work.get('repeats', MISSING)} request{'' if work.get('repeats') == 1 else 's'}{_early(work)}"
         f" × {work.get('max_tokens', MISSING)} tokens per stage",
     ]
     return [inline(" · ".join(parts)), ""]
+
+
+def _dp(server: dict[str, Any]) -> str:
+    """`, DP 2` (`, DP 2 + EP`) for a data-parallel server; "" for one engine."""
+    dp = server.get("data_parallel_size", 1)
+    return f", DP {dp}" + (" + EP" if server.get("enable_expert_parallel") else "") if dp != 1 else ""
 
 
 def _early(work: dict[str, Any]) -> str:

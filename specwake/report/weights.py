@@ -42,10 +42,11 @@ def _rank_text(part: Fingerprint) -> tuple[str, str]:
 
 def restore_text(restore: Restore) -> str:
     """The count phrase of one reload or push, per rank when ranks differ."""
-    texts = [_rank_text(p)[0] for p in restore.parts if p is not None]
-    if len(set(texts)) == 1:
-        return texts[0]
-    return ", ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
+    names = restore.ranks or tuple(f"rank {r}" for r in range(len(restore.parts)))
+    texts = [(name, _rank_text(p)[0]) for name, p in zip(names, restore.parts, strict=False) if p is not None]
+    if len({text for _, text in texts}) == 1:
+        return texts[0][1]
+    return ", ".join(f"{name}: {text}" for name, text in texts)
 
 
 def _cycles(numbers: Sequence[int]) -> str:

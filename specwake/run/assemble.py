@@ -18,12 +18,14 @@ from specwake import __version__
 from specwake.judge.verdict import (
     decide_outcome,
     decide_verdict,
+    engine_stages,
     findings,
     judges_drafter,
     outcome_matches,
     perturbed_models,
     sleep_ignored,
     speed_rule,
+    worst,
 )
 from specwake.judge.weights import restored
 from specwake.prepare.plan import redact_env
@@ -73,19 +75,28 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
     if push is not None and record.chosen:
         push = replace(push, chosen=record.chosen)
     pushed = Push.of(push) if push is not None else None
-    outcome = INCOMPLETE
+    outcome, by_engine = INCOMPLETE, {}
     if record.complete:
-        outcome = decide_outcome(
-            record.stages,
-            tolerance=scenario.tolerance,
-            failure=record.crash_class,
-            target_restored=restored(record.diagnostics, "target"),
-            draft_restored=restored(record.diagnostics, "draft") if judges_drafter(pushed) else None,
-            speed=speed_rule(scenario.min_speedup_recovery, prep.l2_discard),
-            speculative=variant.speculative,
-            perturbed=perturbed_models(pushed),
-            sleep_ignored=sleep_ignored(variant.level, prep.l2_discard, push is not None),
-        )
+
+        def judge(stages: Sequence[StageResult], diagnostics: Sequence[Diagnostic]) -> str:
+            return decide_outcome(
+                stages,
+                tolerance=scenario.tolerance,
+                failure=record.crash_class,
+                target_restored=restored(diagnostics, "target"),
+                draft_restored=restored(diagnostics, "draft") if judges_drafter(pushed) else None,
+                speed=speed_rule(scenario.min_speedup_recovery, prep.l2_discard),
+                speculative=variant.speculative,
+                perturbed=perturbed_models(pushed),
+                sleep_ignored=sleep_ignored(variant.level, prep.l2_discard, push is not None),
+            )
+
+        engines = sorted({e.engine for stage in record.stages for e in stage.engines}, key=int)
+        by_engine = {
+            e: judge(engine_stages(record.stages, e), [d.of_engine(int(e)) for d in record.diagnostics])
+            for e in engines
+        }
+        outcome = worst([judge(record.stages, record.diagnostics), *by_engine.values()])
     workers = record.info.get("workers") or []
     result = VariantResult(
         name=record.name,
@@ -121,6 +132,7 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
         seconds=record.seconds,
         diagnostics=list(record.diagnostics),
         push=pushed,
+        engine_outcomes=by_engine,
     )
     if outcome == INCOMPLETE:
         return result

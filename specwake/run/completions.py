@@ -45,6 +45,9 @@ class Completion:
         return (self.seconds - self.ttft) / (self.completion_tokens - 1)
 
 
+DP_RANK_HEADER = "X-data-parallel-rank"  # vLLM's OpenAI server routes a request to this engine
+
+
 class Completer:
     """Streams completions from one server (`http.base_url` is the server's root)."""
 
@@ -67,8 +70,10 @@ class Completer:
         ignore_eos: bool,
         timeout: float,
         logprobs: bool = True,
+        engine: int | None = None,
     ) -> Completion:
-        """One streamed completion; a deadline or a failed request raises (RequestTimeout / RequestFailed)."""
+        """One streamed completion; a deadline or a failed request raises (RequestTimeout / RequestFailed).
+        `engine`: the data-parallel engine that serves it (vLLM's X-data-parallel-rank header); None: vLLM picks."""
         url = f"POST {self.client.base_url}completions"
         start = self.clock()
         deadline = start + timeout
@@ -88,6 +93,7 @@ class Completer:
                 stream_options={"include_usage": True},
                 logprobs=TOP_LOGPROBS if logprobs else None,
                 extra_body={"ignore_eos": ignore_eos},
+                extra_headers={DP_RANK_HEADER: str(engine)} if engine is not None else None,
                 timeout=timeout,
             )
             with stream:

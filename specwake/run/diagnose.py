@@ -10,19 +10,54 @@ between a real L2 sleep and `wake_weights`), memory around the wake.
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specwake import protocol
-from specwake.errors import ServerFault
+from specwake.errors import RequestFailed, ServerFault
 from specwake.results import CheckerReading, Diagnostic
 from specwake.run.client import VllmClient
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """How every worker's answer reaches specwake. With one engine /collective_rpc returns each worker's. With
+    data parallelism it reaches every engine but returns engine 0's alone (vLLM's load-balancing client), so each
+    worker also leaves its answer in a fresh folder under `folder` (in the results folder), read and removed here."""
+
+    engines: int = 1
+    folder: Path | None = None
+
+    def results(
+        self, client: VllmClient, method: str, *, timeout: float, kwargs: dict[str, Any] | None = None
+    ) -> tuple[list[Any], tuple[int, ...]]:
+        """(every worker's answer, engine by engine and rank by rank; their engine indices, () for one engine)."""
+        if self.engines == 1 or self.folder is None:
+            return client.rpc_results(method, timeout=timeout, kwargs=kwargs), ()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        answers = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=self.folder))
+        try:
+            client.rpc_results(method, timeout=timeout, kwargs={**(kwargs or {}), "answer_dir": str(answers)})
+            left = [json.loads(path.read_text()) for path in answers.glob("*.json")]
+        finally:
+            shutil.rmtree(answers, ignore_errors=True)
+        left.sort(key=lambda a: (int(a["engine"]), int(a["rank"])))
+        engines = tuple(int(a["engine"]) for a in left)
+        if set(engines) != set(range(self.engines)):
+            missing = sorted(set(range(self.engines)) - set(engines))
+            raise RequestFailed(f"collective_rpc {method}: no answer from engine(s) {missing} of {self.engines}")
+        return [a["answer"] for a in left], engines
 
 
 def fingerprint_kwargs(point: str) -> dict[str, str]:
     return {"save_as": protocol.FRESH} if point == protocol.FRESH_POINT else {"compare_to": protocol.FRESH}
 
 
-def take(client: VllmClient, cycle: int, point: str, *, timeout: float) -> Diagnostic | None:
+def take(client: VllmClient, cycle: int, point: str, *, timeout: float, fanout: Fanout = Fanout()) -> Diagnostic | None:
     """Ask every worker for what this point calls for; None when the point needs nothing.
 
     A failing diagnostic is recorded, never raised: the cycle's own steps decide whether the server is broken.
@@ -34,9 +69,11 @@ def take(client: VllmClient, cycle: int, point: str, *, timeout: float) -> Diagn
     try:
         if wants_fp:
             kwargs = fingerprint_kwargs(point)
-            answers["fingerprints"] = client.rpc_results(protocol.FINGERPRINT, timeout=timeout, kwargs=kwargs)
+            found, engines = fanout.results(client, protocol.FINGERPRINT, timeout=timeout, kwargs=kwargs)
+            answers |= {"fingerprints": found, "engines": list(engines)}
         if wants_mem:
-            answers["memory"] = client.rpc_results(protocol.MEMORY, timeout=timeout)
+            answers["memory"], engines = fanout.results(client, protocol.MEMORY, timeout=timeout)
+            answers["engines"] = list(engines)
     except ServerFault as exc:
         answers["error"] = str(exc)
     return Diagnostic.from_dict(answers)

@@ -21,10 +21,10 @@ from specwake.judge.sequential import AcceptanceTest, acceptance_test, histogram
 from specwake.judge.verdict import recovery_bound
 from specwake.prepare.prompts import probe_prompt
 from specwake.prepare.scenario import Scenario
-from specwake.results import LOGPROB_TOLERANCE, NEAR_TIE_NATS, StageResult
+from specwake.results import LOGPROB_TOLERANCE, NEAR_TIE_NATS, EngineStage, StageResult
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
-from specwake.run.metrics import SpecCounters, SpecDelta, counter_delta, parse_spec_counters
+from specwake.run.metrics import SpecCounters, SpecDelta, counter_delta, engine_deltas, parse_spec_counters
 
 
 @dataclass(frozen=True)
@@ -38,17 +38,26 @@ class Workload:
     ignore_eos: bool
     request_timeout_s: float
     min_repeats: int = 2  # a stage that may stop early measures at least this many (workload.min_repeats)
+    engines: int = 1  # data-parallel engines behind the server: request i goes to engine i mod engines
 
     @classmethod
     def of(cls, scenario: Scenario, model: str) -> Workload:
         """A scenario's [workload], sent to the served `model`."""
         w = scenario.workload
         return cls(model, scenario.prompts, w.max_tokens, w.repeats, w.warmup, w.temperature, w.ignore_eos,
-                   w.request_timeout_s, w.least_repeats)  # fmt: skip
+                   w.request_timeout_s, w.least_repeats, scenario.server.data_parallel_size)  # fmt: skip
 
     def prompt(self, i: int) -> str:
         """The prompt of request i of a stage (warmup and measured requests each start at the first)."""
         return self.prompts[i % len(self.prompts)]
+
+    def engine(self, i: int) -> int | None:
+        """The engine request i of a stage is sent to: every engine in turn; None (vLLM's choice) for one engine."""
+        return i % self.engines if self.engines > 1 else None
+
+    @property
+    def each_engine(self) -> list[int | None]:
+        return [self.engine(e) for e in range(self.engines)]
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,9 @@ def stage_name(cycle: int, level: int = 2) -> str:
     return "fresh" if cycle == 0 else f"after L{level} #{cycle}"
 
 
-def _request(completer: Completer, workload: Workload, prompt: str, max_tokens: int | None = None) -> Completion:
+def _request(
+    completer: Completer, workload: Workload, prompt: str, max_tokens: int | None = None, engine: int | None = None
+) -> Completion:
     return completer.complete(
         model=workload.model,
         prompt=prompt,
@@ -74,6 +85,7 @@ def _request(completer: Completer, workload: Workload, prompt: str, max_tokens: 
         temperature=workload.temperature,
         ignore_eos=workload.ignore_eos,
         timeout=workload.request_timeout_s,
+        engine=engine,
     )
 
 
@@ -184,6 +196,8 @@ def _fixed(workload: Workload, fresh: StageResult | None, stopping: Stopping | N
         return "fixed: the speed rule binds (a fixed-sample test)"
     if workload.min_repeats >= workload.repeats:
         return "fixed: min_repeats = repeats (early stopping off)"
+    if workload.engines > 1:
+        return "fixed: data parallel (every engine's AL is judged on its share of the requests)"
     return None
 
 
@@ -260,12 +274,14 @@ def run_stage(
     at which its AL is decided against the recover bound and the collapse line (or no draft was made)."""
     start = _scrape(client)
     probe = probe_prompt(cycle)
-    first_probe = _request(completer, workload, probe, max_tokens=1)  # the first request after a wake
-    control = _request(completer, workload, probe, max_tokens=1)
+    # the first request after a wake, to every engine: each has its own prefix cache
+    first_probes = [_request(completer, workload, probe, 1, engine) for engine in workload.each_engine]
+    controls = [_request(completer, workload, probe, 1, engine) for engine in workload.each_engine]
     warm_started = time.monotonic()
-    warm = [_request(completer, workload, workload.prompt(i)) for i in range(workload.warmup)]
+    warm = [_request(completer, workload, workload.prompt(i), engine=engine)
+            for engine in workload.each_engine for i in range(workload.warmup)]  # fmt: skip
     warmup_seconds = time.monotonic() - warm_started
-    sent = sum(c.completion_tokens for c in [first_probe, control, *warm])
+    sent = sum(c.completion_tokens for c in [*first_probes, *controls, *warm])
     before = _settled_counters(client, start, sent, settle_s, sleep)
     fixed = _fixed(workload, fresh, stopping)
     watch = None
@@ -278,7 +294,7 @@ def run_stage(
     completions: list[Completion] = []
     stopped = fixed or ""
     for i in range(workload.repeats):
-        completion = _request(completer, workload, workload.prompt(i))
+        completion = _request(completer, workload, workload.prompt(i), engine=workload.engine(i))
         completions.append(completion)
         if on_request is not None:
             on_request(completion)
@@ -292,6 +308,11 @@ def run_stage(
     last = watch.counters if watch is not None else before
     after = last if _settled(before, last, tokens) else _settled_counters(client, before, tokens, settle_s, sleep)
     delta = counter_delta(before, after)
+    engines = [
+        EngineStage(e, d.acceptance_length, d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens,
+                    list(d.per_position), sum(1 for i in range(len(completions)) if str(workload.engine(i)) == e))
+        for e, d in engine_deltas(before, after).items()
+    ]  # fmt: skip
     outputs = [c.text for c in completions]
     samples = [round(c.tok_s, 3) for c in completions]
     against = drift(fresh_completions, completions) if fresh is not None else None
@@ -313,9 +334,9 @@ def run_stage(
         warmup_seconds=round(warmup_seconds, 3),
         ttft=[_rounded(c.ttft) for c in completions],
         tpot=[_rounded(c.tpot, 6) for c in completions],
-        first_request_ttft=_rounded(first_probe.ttft),
-        prefix_cached=first_probe.cached_tokens,
-        prefix_cached_repeat=control.cached_tokens,
+        first_request_ttft=_rounded(first_probes[0].ttft),
+        prefix_cached=_cached(first_probes),
+        prefix_cached_repeat=_cached(controls),
         first_difference=list(against.first_difference) if against and against.first_difference else None,
         max_logprob_drift=None if against is None else against.max_logprob_drift,
         logprobs_over_tolerance=None if against is None else against.over_tolerance,
@@ -323,8 +344,15 @@ def run_stage(
         near_ties=[] if against is None else [list(t) for t in against.near_ties],
         requests=len(completions),
         stopped=stopped,
+        engines=engines,
     )
     return result, completions
+
+
+def _cached(probes: Sequence[Completion]) -> int | None:
+    """Prompt tokens the engines served from their prefix caches, over every engine; None where none said."""
+    found = [c.cached_tokens for c in probes if c.cached_tokens is not None]
+    return sum(found) if found else None
 
 
 def _rounded(value: float | None, digits: int = 4) -> float | None:

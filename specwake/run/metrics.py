@@ -7,8 +7,8 @@ see docs/how-it-works.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,13 +21,15 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 POSITION_LABEL = "position"
+ENGINE_LABEL = "engine"  # vLLM's engine index: one per data-parallel engine behind the API server
 
 _SPEC_TOTALS = (DRAFTS, DRAFT_TOKENS, ACCEPTED)
 
 
 @dataclass(frozen=True)
 class SpecCounters:
-    """Spec-decode counter values of one /metrics scrape, summed over every label set."""
+    """Spec-decode counter values of one /metrics scrape, summed over every label set; `engines`: the same per
+    engine label, where more than one engine reports (data parallelism)."""
 
     present: bool  # False when the spec-decode families are absent (speculation off)
     drafts: float
@@ -35,6 +37,7 @@ class SpecCounters:
     accepted: float
     accepted_per_pos: tuple[float, ...]  # index = draft position
     generation_tokens: float  # vllm:generation_tokens_total, 0 if absent
+    engines: Mapping[str, SpecCounters] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,35 +82,60 @@ def _positions_tuple(by_position: dict[int, float]) -> tuple[float, ...]:
     return tuple(by_position.get(i, 0.0) for i in range(size))
 
 
+class _Sums:
+    """Counter samples summed as they are read."""
+
+    def __init__(self) -> None:
+        self.totals = dict.fromkeys((*_SPEC_TOTALS, GENERATION_TOKENS), 0.0)
+        self.seen: set[str] = set()
+        self.by_position: dict[int, float] = {}
+
+    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        if name == ACCEPTED_PER_POS:
+            position = _position(labels)
+            self.by_position[position] = self.by_position.get(position, 0.0) + value
+            self.seen.add(name)
+        elif name in self.totals:
+            self.totals[name] += value
+            self.seen.add(name)
+
+    def counters(self, engines: Mapping[str, SpecCounters] | None = None) -> SpecCounters:
+        return SpecCounters(
+            present=any(name in self.seen for name in (*_SPEC_TOTALS, ACCEPTED_PER_POS)),
+            drafts=self.totals[DRAFTS],
+            draft_tokens=self.totals[DRAFT_TOKENS],
+            accepted=self.totals[ACCEPTED],
+            accepted_per_pos=_positions_tuple(self.by_position),
+            generation_tokens=self.totals[GENERATION_TOKENS],
+            engines=engines or {},
+        )
+
+
 def parse_spec_counters(text: str) -> SpecCounters:
-    """Read the spec-decode counters out of a /metrics body.
+    """Read the spec-decode counters out of a /metrics body: over every engine, and per engine where several
+    report (each sample's `engine` label).
 
     Raises ValueError when the text is not Prometheus exposition format.
     """
-    totals = dict.fromkeys((*_SPEC_TOTALS, GENERATION_TOKENS), 0.0)
-    seen: set[str] = set()
-    by_position: dict[int, float] = {}
+    total = _Sums()
+    per_engine: dict[str, _Sums] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == ACCEPTED_PER_POS:
-                    position = _position(sample.labels)
-                    by_position[position] = by_position.get(position, 0.0) + sample.value
-                    seen.add(sample.name)
-                elif sample.name in totals:
-                    totals[sample.name] += sample.value
-                    seen.add(sample.name)
+                total.add(sample.name, sample.labels, sample.value)
+                engine = sample.labels.get(ENGINE_LABEL)
+                if engine is not None:
+                    per_engine.setdefault(engine, _Sums()).add(sample.name, sample.labels, sample.value)
     except ValueError as exc:
         detail = str(exc) or "unparsable line"
         raise ValueError(f"not Prometheus text exposition: {detail}") from exc
-    return SpecCounters(
-        present=any(name in seen for name in (*_SPEC_TOTALS, ACCEPTED_PER_POS)),
-        drafts=totals[DRAFTS],
-        draft_tokens=totals[DRAFT_TOKENS],
-        accepted=totals[ACCEPTED],
-        accepted_per_pos=_positions_tuple(by_position),
-        generation_tokens=totals[GENERATION_TOKENS],
-    )
+    engines = {e: sums.counters() for e, sums in sorted(per_engine.items())} if len(per_engine) > 1 else {}
+    return total.counters(engines)
+
+
+def engine_deltas(before: SpecCounters, after: SpecCounters) -> dict[str, SpecDelta]:
+    """Per engine, what happened between two scrapes ({} for a server of one engine)."""
+    return {e: counter_delta(before.engines.get(e, EMPTY), now) for e, now in after.engines.items()}
 
 
 def _padded(values: tuple[float, ...], size: int) -> tuple[float, ...]:

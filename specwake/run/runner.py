@@ -191,7 +191,7 @@ MEASURING = {
     "packed": "servers side by side on their own GPUs; a stage whose tok/s decides measures alone: no other server"
     " starts, cycles, measures or stops meanwhile",
     "sequential": "one server at a time: no two of the run's servers fit side by side (each needs a core, or a GPU,"
-    " per tensor-parallel rank)",
+    " per rank of every engine)",
 }
 
 
@@ -202,8 +202,8 @@ def speed_binds(work: Sequence[Work]) -> bool:
 
 
 def server_jobs(work: Sequence[Work]) -> list[Job]:
-    """One job per scenario × variant server, needing a device (GPU or core) per tensor-parallel rank."""
-    return [Job(f"{w.scenario.name}/{p.variant.name}", w.scenario.server.tensor_parallel_size) for w in work
+    """One job per scenario × variant server, needing a device (GPU or core) per rank of every engine."""
+    return [Job(f"{w.scenario.name}/{p.variant.name}", w.scenario.server.ranks) for w in work
             for p in w.prepared]  # fmt: skip
 
 
@@ -252,7 +252,7 @@ def run_packed_scenarios(
         recorders[-1].save()  # every planned variant named before any server starts
         for prep in w.prepared:
             key = f"{w.scenario.name}/{prep.variant.name}"
-            jobs.append(Job(key, w.scenario.server.tensor_parallel_size))
+            jobs.append(Job(key, w.scenario.server.ranks))
             by_key[key] = (w, prep, index)
 
     def run_job(job: Job, got: tuple[int, ...]) -> VariantResult:

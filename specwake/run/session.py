@@ -101,7 +101,7 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
     gpus, shard = request.gpus, request.shard
     scenarios = list(request.loaded) or [load_scenario(path, request.overrides) for path in request.scenarios]
     refuse_same_names(scenarios)
-    jobs = [(f"{s.name}/{v.name}", s.server.tensor_parallel_size) for s in scenarios for v in s.variants]
+    jobs = [(f"{s.name}/{v.name}", s.server.ranks) for s in scenarios for v in s.variants]
     mine = jobs_of(shard, jobs) if shard is not None else None
     previous = _previous(request.resume, scenarios) if request.resume is not None else {}
     # Bad input is reported before anything is created or launched.

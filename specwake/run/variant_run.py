@@ -83,6 +83,8 @@ class VariantRun:
         self.completer: Completer | None = None
         self.fresh_completions: list[Completion] = []  # kept to compare tokens and logprobs after each cycle
         self.sync = SyncState() if self.push is not None and self.push.syncs else None
+        # every data-parallel engine's workers answer through files beside the log (see diagnose.Fanout)
+        self.fanout = diagnose.Fanout(scenario.server.data_parallel_size, log_path.with_suffix(".answers"))
         self.phase = "startup"
         self.completed_phases = 0
         self.started = clock()
@@ -179,7 +181,7 @@ class VariantRun:
             )
             self._fail(PORT_CONFLICT, problem, self.server.log_tail(LOG_EXCERPT_LINES))
             return
-        infos = client.rpc_results(protocol.INFO, timeout=self.scenario.cycle.step_timeout_s)
+        infos, _ = self.fanout.results(client, protocol.INFO, timeout=self.scenario.cycle.step_timeout_s)
         self.record.info = {"workers": infos}
         mismatch = check_imports(self.prep, infos)
         if mismatch:
@@ -219,6 +221,9 @@ class VariantRun:
             self.server.stop()
         if self.client is not None:
             self.client.http.close()
+        if self.fanout.folder is not None:
+            with contextlib.suppress(OSError):  # each answer's folder is removed once read: this one is empty
+                self.fanout.folder.rmdir()
         self.ended = self.clock()
         self._timed("teardown", self.ended - t0)
 
@@ -275,7 +280,7 @@ class VariantRun:
 
     def _diagnose(self, client: VllmClient, cycle: int, point: str) -> None:
         t0 = self.clock()
-        entry = diagnose.take(client, cycle, point, timeout=self.scenario.cycle.step_timeout_s)
+        entry = diagnose.take(client, cycle, point, timeout=self.scenario.cycle.step_timeout_s, fanout=self.fanout)
         if entry is not None:
             self.record.diagnostics.append(entry)
         self._timed("diagnostics", self.clock() - t0)

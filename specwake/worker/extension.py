@@ -7,8 +7,11 @@ is plain JSON (no NaN, no torch types).
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,7 +57,30 @@ class SpecwakeWorkerExtension:
             self._specwake_refs = refs
         return refs
 
-    def specwake_info(self) -> dict[str, Any]:
+    def _specwake_ranks(self) -> tuple[int, int]:
+        """(data-parallel engine index, tensor-parallel rank) of this worker."""
+        parallel = getattr(getattr(self, "vllm_config", None), "parallel_config", None)
+        engine = int(getattr(parallel, "data_parallel_index", getattr(parallel, "data_parallel_rank", 0)) or 0)
+        try:
+            from vllm.distributed import parallel_state
+
+            rank = parallel_state.get_tp_group().rank_in_group
+        except (AssertionError, AttributeError, ImportError):
+            rank = int(getattr(self, "rank", 0) or 0)
+        return engine, rank
+
+    def _specwake_answer(self, answer: dict[str, Any], answer_dir: str | None) -> dict[str, Any]:
+        """`answer`, also left as `<engine>-<rank>.json` in `answer_dir` when given: with data parallelism vLLM's
+        /collective_rpc reaches every engine but returns engine 0's answers only (its load-balancing client)."""
+        if answer_dir:
+            engine, rank = self._specwake_ranks()
+            path = Path(answer_dir) / f"{engine}-{rank}.json"
+            partial = path.with_suffix(".part")
+            partial.write_text(json.dumps({"engine": engine, "rank": rank, "answer": answer}))
+            os.replace(partial, path)
+        return answer
+
+    def specwake_info(self, answer_dir: str | None = None) -> dict[str, Any]:
         import vllm
 
         models = named_models(self._specwake_runner())
@@ -73,8 +99,9 @@ class SpecwakeWorkerExtension:
         backend = getattr(
             getattr(getattr(self, "vllm_config", None), "parallel_config", None), "distributed_executor_backend", None
         )
-        return {
+        info = {
             "device": device,
+            "engine": self._specwake_ranks()[0],
             "vllm_version": str(getattr(vllm, "__version__", None)),
             "vllm_file": getattr(vllm, "__file__", None),
             "torch_version": str(torch.__version__),  # TorchVersion breaks msgspec
@@ -85,8 +112,11 @@ class SpecwakeWorkerExtension:
             "world_size": world_size,
             "executor": getattr(backend, "__name__", backend),
         }
+        return self._specwake_answer(info, answer_dir)
 
-    def specwake_fingerprint(self, save_as: str | None = None, compare_to: str | None = None) -> dict[str, Any]:
+    def specwake_fingerprint(
+        self, save_as: str | None = None, compare_to: str | None = None, answer_dir: str | None = None
+    ) -> dict[str, Any]:
         """Summaries of every tensor of target and drafter, by kind. `save_as`: remember this call's checksums and
         addresses under that name; `compare_to`: count the tensors whose checksum differs from the ones saved under
         that name, and those that moved to another address since."""
@@ -113,7 +143,7 @@ class SpecwakeWorkerExtension:
             )
         if save_as:
             refs[save_as] = kept
-        return answer
+        return self._specwake_answer(answer, answer_dir)
 
     @staticmethod
     def _specwake_uncovered(
@@ -139,13 +169,13 @@ class SpecwakeWorkerExtension:
         params = dict(model.named_parameters())
         return frozenset(n for n in names if params[n].data_ptr() not in shared), None
 
-    def specwake_memory(self) -> dict[str, Any]:
+    def specwake_memory(self, answer_dir: str | None = None) -> dict[str, Any]:
         """Free/total accelerator memory of this rank in bytes; None on CPU (no device memory to report)."""
         device = torch.cuda.current_device() if torch.cuda.is_available() else None
         if device is None:
-            return asdict(Memory("cpu"))
+            return self._specwake_answer(asdict(Memory("cpu")), answer_dir)
         free, total = torch.cuda.mem_get_info(device)
-        return asdict(Memory(f"cuda:{device}", int(free), int(total)))
+        return self._specwake_answer(asdict(Memory(f"cuda:{device}", int(free), int(total))), answer_dir)
 
     def specwake_push(self, request: str = "{}") -> dict[str, Any]:
         """Wake with new weights the way RL frameworks do (verl's update_weights_from_ipc): tensors pushed into the

@@ -38,7 +38,7 @@ RANDOM_FILL = "cpu-mimo-mtp-random"
 def family_scenarios() -> list[Path]:
     """The family matrix: scenarios/cpu/*.toml but the weight pushes and syncs (tests/e2e/test_push.py and
     tests/e2e/test_sync.py run those), as `make families` has them."""
-    return sorted(p for p in CPU_SCENARIOS.glob("*.toml") if not p.name.startswith(("push-", "sync-")))
+    return sorted(p for p in CPU_SCENARIOS.glob("*.toml") if not p.name.startswith(("push-", "sync-", "dp-")))
 
 
 def copied(source: Path, folder: Path, name: str, extra: str = "", cycle: str = "") -> Path:

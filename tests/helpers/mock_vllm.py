@@ -27,15 +27,18 @@ class MockVllm:
     calls: list[str] = field(default_factory=list)
     updates: list[tuple[str, dict]] = field(default_factory=list)  # (session model, update_info) per /update_weights
     checker: bool = False  # offers /weight_checker (vLLM >= 0.32)
+    engines: int = 1  # data-parallel engines: each its own counters (labelled engine="i"), routed by header
+    restores_draft_on: set[int] | None = None  # with reload_restores_draft: only these engines' drafters (None: all)
 
     def __post_init__(self) -> None:
-        self.model = ServerModel(model="m", k=self.k, al_fresh=self.k + 1.0, stale_prefix_cache=self.stale_prefix_cache)
+        self.model = ServerModel(model="m", k=self.k, engines=self.engines, al_fresh=self.k + 1.0,
+                                 stale_prefix_cache=self.stale_prefix_cache)  # fmt: skip
         self._stale: str | None = None
         self._session: str | None = None  # the model a weight-transfer session updates
 
-    def stream(self, body: dict) -> httpx.Response:
+    def stream(self, body: dict, engine: str | None = None) -> httpx.Response:
         prompt, max_tokens = str(body["prompt"]), int(body["max_tokens"])
-        steps, cached = self.model.complete(prompt, max_tokens)
+        steps, cached = self.model.complete(prompt, max_tokens, None if engine is None else int(engine))
         events = [chunk_event("m", "cmpl-mock", step) for step in steps]
         events += [chunk_event("m", "cmpl-mock", None, usage(prompt, max_tokens, cached)), DONE]
         return httpx.Response(200, content=b"".join(events), headers={"content-type": "text/event-stream"})
@@ -57,14 +60,14 @@ class MockVllm:
             self._stale = text
             return httpx.Response(200, text=text)
         if path == "/v1/completions":
-            return self.stream(body)
+            return self.stream(body, request.headers.get("X-data-parallel-rank"))
         if path == "/v1/models":
             return httpx.Response(200, json={"data": [{"id": "m"}]})
         if key == "specwake_emulate_discard":
             self.model.discard()
             return httpx.Response(200, json={"results": [{"filled_elements": 10}]})
         if key == "reload_weights":
-            self.model.reload(draft_too=self.reload_restores_draft)
+            self.model.reload(draft_too=self.reload_restores_draft, engines=self.restores_draft_on)
             return httpx.Response(200)
         if path in ("/start_weight_update", "/start_draft_weight_update"):
             self._session = "draft" if "draft" in path else "target"

@@ -41,9 +41,11 @@ class ServerModel:
     prefix_cache: bool = True
     stale_prefix_cache: bool = False  # /reset_prefix_cache answers success but keeps the hashes
     discarded: bool = False  # weights were discarded at least once: AL is al_after from then on
+    # with several engines: those whose drafter a reload restored since the discard (AL al_fresh again)
+    drafter_back: set[int] = field(default_factory=set)
     target_zeroed: bool = False  # discarded and not reloaded since: completions are garbage
     requests: int = 0
-    cached_blocks: set[tuple[str, ...]] = field(default_factory=set)
+    cached_blocks: dict[int, set[tuple[str, ...]]] = field(default_factory=dict)  # per engine: each has its own
     counters: list[Counters] = field(default_factory=list)
     created: float = field(default_factory=time.time)
 
@@ -58,14 +60,18 @@ class ServerModel:
 
     def discard(self) -> None:
         self.discarded = self.target_zeroed = True
+        self.drafter_back.clear()
 
-    def reload(self, draft_too: bool = False) -> None:
+    def reload(self, draft_too: bool = False, engines: set[int] | None = None) -> None:
+        """The target back on every engine; the drafter too where `draft_too`, on `engines` only when given."""
         self.target_zeroed = False
-        if draft_too:
+        if draft_too and engines is None:
             self.discarded = False
+        elif draft_too:
+            self.drafter_back |= engines
 
-    def acceptance_length(self) -> float:
-        al = self.al_after if self.discarded else self.al_fresh
+    def acceptance_length(self, engine: int = 0) -> float:
+        al = self.al_after if self.discarded and engine not in self.drafter_back else self.al_fresh
         return min(max(al, 1.0), self.k + 1.0)
 
     # -- prefix cache ----------------------------------------------------------------------------
@@ -75,28 +81,33 @@ class ServerModel:
             self.cached_blocks.clear()
         return True
 
-    def cached_tokens(self, prompt: str) -> int:
-        """Leading prompt words served from the cache; the prompt's blocks are cached from now on."""
+    def cached_tokens(self, prompt: str, engine: int = 0) -> int:
+        """Leading prompt words served from `engine`'s cache; the prompt's blocks are cached there from now on."""
+        cached = self.cached_blocks.setdefault(engine, set())
         words = prompt.split()
         blocks = [tuple(words[: i + BLOCK_WORDS]) for i in range(0, len(words) - BLOCK_WORDS + 1, BLOCK_WORDS)]
         hit = 0
         for block in blocks:
-            if block not in self.cached_blocks:
+            if block not in cached:
                 break
             hit = len(block)
         if self.prefix_cache:
-            self.cached_blocks.update(blocks)
+            cached.update(blocks)
             return hit
         return 0
 
     # -- completions -----------------------------------------------------------------------------
 
-    def complete(self, prompt: str, max_tokens: int) -> tuple[list[list[tuple[str, float]]], int]:
-        """Decode `max_tokens` tokens: (steps, each a list of (token, logprob)), cached prompt tokens)."""
-        cached = self.cached_tokens(prompt)
-        engine = self.counters[self.requests % self.engines]
+    def complete(
+        self, prompt: str, max_tokens: int, on: int | None = None
+    ) -> tuple[list[list[tuple[str, float]]], int]:
+        """Decode `max_tokens` tokens on engine `on` (None: the engines in turn): (steps, each a list of (token,
+        logprob)), cached prompt tokens)."""
+        index = self.requests % self.engines if on is None else on
+        cached = self.cached_tokens(prompt, index)
+        engine = self.counters[index]
         self.requests += 1
-        al = self.acceptance_length()
+        al = self.acceptance_length(index)
         drafts = max(1, round(max_tokens / al))
         accepted = min(max(0, max_tokens - drafts), drafts * self.k)
         engine.drafts += drafts
