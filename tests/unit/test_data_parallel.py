@@ -16,7 +16,7 @@ from specwake.judge.verdict import engine_stages, worst
 from specwake.prepare.engine import EngineInfo
 from specwake.prepare.plan import build_server_command, build_server_env
 from specwake.prepare.scenario import Scenario, load_scenario
-from specwake.prepare.variants import PreparedVariant
+from specwake.prepare.variants import PreparedVariant, platform_problem
 from specwake.report.explain import explain
 from specwake.report.weights import weights_line
 from specwake.results import Diagnostic, StageResult, from_dict, to_dict
@@ -60,6 +60,15 @@ def test_a_dp_server_gets_its_flag_one_core_per_engine_and_a_worker_process_per_
         one, one.variants[0], python="/py", port=1, model="/m", draft_model="/d", sleep_mode=False, is_gpu=False
     )
     assert s.server.ranks == 2 and one.server.ranks == 1
+
+
+def test_a_machine_with_fewer_gpus_than_engines_times_ranks_is_refused(tmp_path: Path) -> None:
+    s = load(tmp_path, DP2.replace("[server]\n", "[server]\ntensor_parallel_size = 2\n"))
+    gpus = EngineInfo("/py", "3.11", "0.33.0", Path("/pkg/vllm"), ("vllm==0.33.0",), "cuda", True, None, 3, 8)
+    assert platform_problem(s, gpus, None) == (
+        f"{s.name}: tensor_parallel_size 2 × data_parallel_size 2 needs 4 GPUs, only 3 available"
+    )
+    assert platform_problem(s, gpus, [0, 1, 2, 3]) is None  # --gpus names four
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,10 @@ SAME_FAMILY = {
     "eagle3-eager.toml": "cpu/eagle3.toml",
     "gemma4-mtp.toml": "cpu/gemma4-mtp.toml",
     "qwen-mtp.toml": "cpu/mimo-mtp.toml",  # an MTP layer inside the target's checkpoint
+    "deepseek-v3-dp-ep.toml": "cpu/deepseek-mtp.toml",  # and every engine alike: cpu/dp-draft-model.toml
 }
 GPU_FILES = [
+    "deepseek-v3-dp-ep.toml",
     "dspark.toml",
     "eagle3-eager.toml",
     "eagle3-graphed.toml",
@@ -155,3 +157,18 @@ def test_each_weight_matrix_holds_every_cpu_family(prefix: str) -> None:
         full = [v for v in s.variants if set(v.push_to) == {"target", "draft"} and not (v.push_scale or v.push_skip)]
         assert [v.expected for v in full] == [FULL_UPDATE_FAILS.get(s.name, "recover")], s.name
         assert all(v.expected == "collapse" for v in s.variants if v.push_to == ("target",)), s.name
+
+
+def test_the_data_parallel_gpu_scenario_is_the_shape_users_run() -> None:
+    """DeepSeek-V3-class MTP at DP + EP: every engine measured (repeats reach each), its header names the hardware and
+    what each expectation rests on, and the CPU runs it cites hold those expectations."""
+    scenario = load("deepseek-v3-dp-ep.toml")
+    server = scenario.server
+    assert server.data_parallel_size == 8 and server.enable_expert_parallel and server.ranks == 8
+    assert scenario.workload.repeats >= server.data_parallel_size
+    header = scenario.file.read_text().split("[server]")[0]
+    assert "Hardware: one node with 8 GPUs" in header
+    for variant in ("baseline collapse", "patched recover", "preserve recover"):
+        assert f"#   {variant} — " in header
+    dp = expected(load("cpu/dp-draft-model.toml"))
+    assert (dp["baseline"], dp["patched"]) == (expected(scenario)["baseline"], expected(scenario)["patched"])
