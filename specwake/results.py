@@ -158,11 +158,11 @@ class Diagnostic:
 
     def of_engine(self, engine: int) -> Diagnostic:
         """What one data-parallel engine's ranks answered (all of it for an answer of one engine)."""
-        if len(self.engines) != len(self.fingerprints) or not self.engines:
+        if not self.engines or len(self.engines) != max(len(self.fingerprints), len(self.memory)):
             return self
         mine = [i for i, e in enumerate(self.engines) if e == engine]
         memory = tuple(self.memory[i] for i in mine if i < len(self.memory))
-        fingerprints = tuple(self.fingerprints[i] for i in mine)
+        fingerprints = tuple(self.fingerprints[i] for i in mine if i < len(self.fingerprints))
         return replace(self, fingerprints=fingerprints, memory=memory, engines=tuple(engine for _ in mine))
 
     def to_dict(self) -> dict[str, Any]:

@@ -178,8 +178,11 @@ def memory_line(diagnostics: Sequence[Diagnostic], cycle: int = 1) -> str:
     awake = _free(at(diagnostics, AWAKE_POINT, cycle))
     if not before or any(v is None for v in before + asleep + awake) or not asleep or not awake:
         return "device memory: n/a (no accelerator memory reported)"
+    taken = at(diagnostics, BEFORE_SLEEP, cycle)
+    names = taken.rank_names() if taken is not None else []
     parts = []
     for rank, (b, s, w) in enumerate(zip(before, asleep, awake, strict=False)):
         assert b is not None and s is not None and w is not None
-        parts.append(f"rank {rank}: {(s - b) / GIB:.2f} GiB freed by sleep, {(s - w) / GIB:.2f} GiB restored by wake")
+        name = names[rank] if rank < len(names) else f"rank {rank}"
+        parts.append(f"{name}: {(s - b) / GIB:.2f} GiB freed by sleep, {(s - w) / GIB:.2f} GiB restored by wake")
     return "device memory: " + "; ".join(parts)

@@ -18,7 +18,7 @@ from specwake.prepare.plan import build_server_command, build_server_env
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant, platform_problem
 from specwake.report.explain import explain
-from specwake.report.weights import weights_line
+from specwake.report.weights import memory_line, weights_line
 from specwake.results import Diagnostic, StageResult, from_dict, to_dict
 from specwake.run.assemble import VariantRecord, judge_scenario, judge_variant
 from specwake.run.client import VllmClient
@@ -199,3 +199,19 @@ def test_every_engine_answers_through_its_files_and_a_silent_engine_is_named(tmp
     )
     with pytest.raises(RequestFailed, match=r"no answer from engine\(s\) \[1\] of 2"):
         fanout.results(AnsweringEngines([0]), "specwake_fingerprint", timeout=5)  # type: ignore[arg-type]
+
+
+def test_memory_and_an_engines_own_answers_are_named_by_engine() -> None:
+    memory = [{"device": "cuda:0", "free_bytes": free, "total_bytes": 100 * 1024**3} for free in (10 * 1024**3,) * 2]
+    asleep = [{"device": "cuda:0", "free_bytes": 70 * 1024**3, "total_bytes": 100 * 1024**3}] * 2
+    awake = [{"device": "cuda:0", "free_bytes": 20 * 1024**3, "total_bytes": 100 * 1024**3}] * 2
+    taken = [
+        Diagnostic.from_dict({"cycle": 1, "point": point, "memory": m, "engines": [0, 1]})
+        for point, m in (("before sleep", memory), ("after sleep", asleep), ("after wake_kv_cache", awake))
+    ]
+    assert memory_line(taken) == (
+        "device memory: engine 0 rank 0: 60.00 GiB freed by sleep, 50.00 GiB restored by wake;"
+        " engine 1 rank 0: 60.00 GiB freed by sleep, 50.00 GiB restored by wake"
+    )
+    one = taken[0].of_engine(1)
+    assert one.engines == (1,) and len(one.memory) == 1
