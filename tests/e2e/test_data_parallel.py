@@ -49,9 +49,9 @@ def test_every_engine_is_measured_in_every_stage_and_its_workers_answer(run: dic
             e["requests"] == 2 and e["num_drafts"] > 0 for e in engines.values()
         )
         assert sum(e["num_drafts"] for e in engines.values()) == stage["num_drafts"]  # the whole server's, split
-        assert stage["requests"] == 4 and "data parallel" in stage["stopped"]
-        if stage["cycle"]:
-            assert stage["outputs_match_fresh"] is True  # the target came back on both engines
+        assert stage["requests"] == 4
+        if stage["cycle"]:  # every request measured: each engine's AL is judged on its share
+            assert "data parallel" in stage["stopped"] and stage["outputs_match_fresh"] is True
     for taken in v["diagnostics"]:
         if "fingerprints" in taken:
             assert taken["engines"] == [0, 1], taken["point"]
@@ -65,7 +65,9 @@ def test_a_drafter_reloaded_on_engine_0_only_is_named_by_its_engine(run: dict[st
     assert al["0"] > 3.5 and al["1"] == 1.0
     (restore,) = [d for d in v["diagnostics"] if d["point"] == "after reload_weights"]
     engine0, engine1 = (fp["draft"] for fp in restore["fingerprints"])
-    assert engine0["differ"] == 0 and engine1["differ"] == engine1["compared"] > 0
+    (stock,) = [d for d in variant(run, "baseline")["diagnostics"] if d["point"] == "after reload_weights"]
+    # engine 1's drafter as stock vLLM leaves every engine's: the emulated discard's tensors still differ from fresh
+    assert engine0["differ"] == 0 and engine1["differ"] == stock["fingerprints"][1]["draft"]["differ"] > 0
     report = (run["dir"] / "report.md").read_text()
     assert "engine 1 of 2: AL" in report and "engine 0: recover" in report
     assert "engine 1 rank 0:" in report  # the weights line names the engine whose drafter differs
