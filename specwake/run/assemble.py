@@ -91,6 +91,8 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
                 sleep_ignored=sleep_ignored(variant.level, prep.l2_discard, push is not None),
             )
 
+        # With data parallelism each engine is judged on its own counters and its own ranks' fingerprints, and the
+        # variant is as good as its worst engine (docs/how-it-works.md#data-parallelism); one engine: none listed.
         engines = sorted({e.engine for stage in record.stages for e in stage.engines}, key=int)
         by_engine = {
             e: judge(engine_stages(record.stages, e), [d.of_engine(int(e)) for d in record.diagnostics])
