@@ -139,11 +139,19 @@ class Diagnostic:
     error: str | None = None
     engines: tuple[int, ...] = ()  # with data parallelism: the engine of each rank's answer; () for one engine
 
+    @property
+    def _answers(self) -> int:
+        return max(len(self.fingerprints), len(self.memory))
+
+    @property
+    def _by_engine(self) -> bool:
+        """Whether each answer says its data-parallel engine."""
+        return bool(self.engines) and len(self.engines) == self._answers
+
     def rank_names(self) -> list[str]:
         """`rank 1`, or with data parallelism `engine 1 rank 0`, for each answer in order."""
-        count = max(len(self.fingerprints), len(self.memory))
-        if len(self.engines) != count:
-            return [f"rank {r}" for r in range(count)]
+        if not self._by_engine:
+            return [f"rank {r}" for r in range(self._answers)]
         ranks: dict[int, int] = {}
         names = []
         for engine in self.engines:
@@ -158,7 +166,7 @@ class Diagnostic:
 
     def of_engine(self, engine: int) -> Diagnostic:
         """What one data-parallel engine's ranks answered (all of it for an answer of one engine)."""
-        if not self.engines or len(self.engines) != max(len(self.fingerprints), len(self.memory)):
+        if not self._by_engine:
             return self
         mine = [i for i, e in enumerate(self.engines) if e == engine]
         memory = tuple(self.memory[i] for i in mine if i < len(self.memory))

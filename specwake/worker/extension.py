@@ -57,17 +57,25 @@ class SpecwakeWorkerExtension:
             self._specwake_refs = refs
         return refs
 
-    def _specwake_ranks(self) -> tuple[int, int]:
-        """(data-parallel engine index, tensor-parallel rank) of this worker."""
-        parallel = getattr(getattr(self, "vllm_config", None), "parallel_config", None)
-        engine = int(getattr(parallel, "data_parallel_index", getattr(parallel, "data_parallel_rank", 0)) or 0)
+    def _specwake_parallel(self) -> Any:
+        """vLLM's parallel config of this worker; None where the worker has no config."""
+        return getattr(getattr(self, "vllm_config", None), "parallel_config", None)
+
+    def _specwake_tp(self) -> tuple[int | None, int | None]:
+        """(tensor-parallel rank, TP world size) of this worker: its TP group's, else its own rank and no size."""
         try:
             from vllm.distributed import parallel_state
 
-            rank = parallel_state.get_tp_group().rank_in_group
+            group = parallel_state.get_tp_group()
+            return group.rank_in_group, group.world_size
         except (AssertionError, AttributeError, ImportError):
-            rank = int(getattr(self, "rank", 0) or 0)
-        return engine, rank
+            return getattr(self, "rank", None), None
+
+    def _specwake_ranks(self) -> tuple[int, int]:
+        """(data-parallel engine index, tensor-parallel rank) of this worker."""
+        parallel = self._specwake_parallel()
+        engine = int(getattr(parallel, "data_parallel_index", getattr(parallel, "data_parallel_rank", 0)) or 0)
+        return engine, int(self._specwake_tp()[0] or 0)
 
     def _specwake_answer(self, answer: dict[str, Any], answer_dir: str | None) -> dict[str, Any]:
         """`answer`, also left as `<engine>-<rank>.json` in `answer_dir` when given: with data parallelism vLLM's
@@ -86,19 +94,9 @@ class SpecwakeWorkerExtension:
         models = named_models(self._specwake_runner())
         target, draft = models["target"], models["draft"]
         device = next(target.parameters()).device.type if target is not None else None
-        world_size: int | None = None
-        tp_rank: int | None = None
-        try:
-            from vllm.distributed import parallel_state
-
-            tp_group = parallel_state.get_tp_group()
-            tp_rank, world_size = tp_group.rank_in_group, tp_group.world_size
-        except (AssertionError, AttributeError, ImportError):
-            tp_rank = getattr(self, "rank", None)
+        tp_rank, world_size = self._specwake_tp()
         # "uni": this worker runs inside the engine core process; "mp": a process of its own (a class: its name)
-        backend = getattr(
-            getattr(getattr(self, "vllm_config", None), "parallel_config", None), "distributed_executor_backend", None
-        )
+        backend = getattr(self._specwake_parallel(), "distributed_executor_backend", None)
         info = {
             "device": device,
             "engine": self._specwake_ranks()[0],

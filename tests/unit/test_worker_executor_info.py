@@ -3,6 +3,7 @@ process ("uni") or had its own ("mp"), as measured inside the server rather than
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,3 +46,12 @@ def test_a_worker_without_a_config_says_nothing() -> None:
     worker = Worker("uni")
     del worker.vllm_config
     assert worker.specwake_info()["executor"] is None
+
+
+def test_with_an_answer_folder_each_worker_leaves_its_answer_named_by_engine_and_rank(tmp_path: Any) -> None:
+    worker = Worker("mp")
+    worker.vllm_config.parallel_config.data_parallel_index = 1  # type: ignore[attr-defined]
+    info = worker.specwake_info(answer_dir=str(tmp_path))
+    assert info["engine"] == 1 and info["tp_rank"] == 0 and info["world_size"] is None  # no TP group outside vLLM
+    (left,) = tmp_path.iterdir()
+    assert left.name == "1-0.json" and json.loads(left.read_text()) == {"engine": 1, "rank": 0, "answer": info}
