@@ -15,7 +15,7 @@ from specwake.judge.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, DEFAUL
 from specwake.judge.speed import SpeedCall, speed_call
 from specwake.judge.weights import moved
 from specwake.protocol import ROLES
-from specwake.results import MIB, Push, ScenarioResult, StageResult, VariantResult
+from specwake.results import MIB, EngineStage, Push, ScenarioResult, StageResult, VariantResult
 
 OUTCOMES = ("recover", "collapse", "corrupt", "crash", "degraded", "error", "floor", "untested")
 # Outcomes that say nothing about the wake: they never meet an expectation, and make a scenario's verdict `error`.
@@ -243,12 +243,11 @@ def engine_stages(stages: Sequence[StageResult], engine: str) -> list[StageResul
     """The stages as one data-parallel engine saw them: its own counters in place of the server's."""
     views = []
     for stage in stages:
-        part = next((e for e in stage.engines if e.engine == engine), None)
-        counts = (part.acceptance_length, part.num_drafts, part.num_draft_tokens, part.num_accepted_tokens,
-                  part.per_position) if part is not None else (None, 0, 0, 0, [])  # fmt: skip
-        al, drafts, tokens, accepted, positions = counts
-        views.append(replace(stage, acceptance_length=al, num_drafts=drafts, num_draft_tokens=tokens,
-                             num_accepted_tokens=accepted, per_position=positions))  # fmt: skip
+        silent = EngineStage(engine, None, 0, 0, 0, [], 0)  # an engine the stage has no counters of
+        part = next((e for e in stage.engines if e.engine == engine), silent)
+        views.append(replace(stage, acceptance_length=part.acceptance_length, num_drafts=part.num_drafts,
+                             num_draft_tokens=part.num_draft_tokens, num_accepted_tokens=part.num_accepted_tokens,
+                             per_position=part.per_position))  # fmt: skip
     return views
 
 

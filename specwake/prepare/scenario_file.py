@@ -326,11 +326,11 @@ class ScenarioFile(_Strict):
                 if any(arg.split("=", 1)[0] == flag for arg in args):
                     raise ValueError(f'{key}: {flag} is set by specwake with cycle.reload = "{kind.name}"')
         takes = " or ".join(f'"{k.name}"' for k in RELOAD_KINDS.values() if k.keys)
-        for key in (k for k in ("push_to",) if k not in kind.keys and k in self.cycle.model_fields_set):
-            raise ValueError(f"cycle.{key}: only with cycle.reload = {takes}")
+        if "push_to" not in kind.keys and "push_to" in self.cycle.model_fields_set:
+            raise ValueError(f"cycle.push_to: only with cycle.reload = {takes}")
         for name, section in self.variants.items():
-            for key in (k for k in VariantSection.model_fields if k not in kind.keys and k in _KIND_KEYS):
-                if key in section.model_fields_set:
+            for key in _KIND_KEYS:
+                if key not in kind.keys and key in section.model_fields_set:
                     raise ValueError(f"variants.{name}.{key}: only with cycle.reload = {takes}")
         if not kind.pushes:
             return self
@@ -345,8 +345,9 @@ class ScenarioFile(_Strict):
         return self
 
 
-# Every key some reload kind takes: in a scenario whose kind does not take it, an error.
-_KIND_KEYS = frozenset(key for kind in RELOAD_KINDS.values() for key in kind.keys)
+# Every variant key some reload kind takes, in the order they are written: in a scenario whose kind does not take it,
+# an error.
+_KIND_KEYS = tuple(k for k in VariantSection.model_fields if any(k in kind.keys for kind in RELOAD_KINDS.values()))
 
 
 def _entries_reach(name: str, section: VariantSection, to: list[PushTarget], kind: ReloadKind) -> None:
