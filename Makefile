@@ -36,7 +36,8 @@ push: install
 sync: install
 	$(BIN)/specwake run $(wildcard scenarios/cpu/sync-*.toml)
 
-# Two data-parallel engines behind one server, each judged: stock vLLM, the fix, and a fix on engine 0 only.
+# Two data-parallel engines, behind one server and each behind its own, each judged: stock vLLM, the fix, and a fix on
+# engine 0 only.
 dp: install
 	$(BIN)/specwake run $(wildcard scenarios/cpu/dp-*.toml)
 

@@ -20,6 +20,7 @@ WORKER_EXTENSION = "specwake.worker.extension.SpecwakeWorkerExtension"
 SERVER_LAUNCHER = "specwake.worker.serve"
 CLI_MODULE = "vllm.entrypoints.cli.main"  # `vllm serve`
 HOST = "127.0.0.1"
+DP_RPC_PORT_UNSET = 0  # in a plan's argv until the variant is launched (VariantPlan.with_port)
 
 # Variables passed from specwake's own environment to a server; everything else is dropped.
 ENV_ALLOW = {
@@ -80,10 +81,13 @@ class VariantPlan:
     gpus: tuple[int, ...] = field(default_factory=tuple)
     cores: tuple[int, ...] = field(default_factory=tuple)  # CPU cores it is confined to (side by side on a CPU)
 
-    def with_port(self, port: int) -> VariantPlan:
-        """The same plan on another port (picked just before launch: one picked early may be taken meanwhile)."""
+    def with_port(self, port: int, rpc_port: int | None = None) -> VariantPlan:
+        """The same plan on another port (picked just before launch: one picked early may be taken meanwhile), and
+        for a server of a data-parallel group balanced from outside, the group's meeting port."""
         argv = list(self.argv)
         argv[argv.index("--port") + 1] = str(port)
+        if rpc_port is not None and "--data-parallel-rpc-port" in argv:
+            argv[argv.index("--data-parallel-rpc-port") + 1] = str(rpc_port)
         return replace(self, argv=argv, port=port)
 
 
@@ -118,7 +122,7 @@ def model_flags(scenario: Scenario, is_gpu: bool) -> list[str]:
     vLLM's configs from them."""
     server = scenario.server
     flags = ["--tensor-parallel-size", str(server.tensor_parallel_size), "--dtype", server.dtype]
-    if server.data_parallel_size > 1:
+    if server.data_parallel_size > 1 and server.load_balancing != "replicas":  # replicas: independent servers
         flags += ["--data-parallel-size", str(server.data_parallel_size)]
     if server.enable_expert_parallel:
         flags.append("--enable-expert-parallel")
@@ -142,10 +146,12 @@ def build_server_command(
     sleep_mode: bool,
     is_gpu: bool,
     entrypoint: str = "api_server",
+    replica: int = 0,
 ) -> list[str]:
     """The exact server argv for one variant (never a shell string): `vllm serve MODEL …` through its module where
     the variant's vLLM supports it (entrypoint "cli"), else the OpenAI api_server module with `--model`, started by
-    specwake's launcher (specwake/worker/serve.py says why)."""
+    specwake's launcher (specwake/worker/serve.py says why). `replica`: which of the variant's servers, where there
+    are several (server.load_balancing)."""
     server = scenario.server
     if entrypoint == "cli":
         argv = [python, "-m", CLI_MODULE, "serve", model, "--host", HOST, "--port", str(port)]
@@ -163,7 +169,16 @@ def build_server_command(
     if sleep_mode:
         argv.append("--enable-sleep-mode")
     argv += [*server.args, *variant.args]
+    if server.load_balancing == "external":
+        argv += data_parallel_rank_flags(replica, DP_RPC_PORT_UNSET)
     return argv
+
+
+def data_parallel_rank_flags(rank: int, rpc_port: int) -> list[str]:
+    """What makes a server engine `rank` of a data-parallel group balanced from outside (vLLM's external load
+    balancing): its rank, and where the group's ranks meet (vllm/engine/arg_utils.py)."""
+    return ["--data-parallel-rank", str(rank), "--data-parallel-address", HOST, "--data-parallel-rpc-port",
+            str(rpc_port)]  # fmt: skip
 
 
 def cpu_thread_binding(tp: int, cpu_ids: Sequence[int], always: bool = False) -> str | None:
@@ -231,14 +246,16 @@ def build_server_env(
         added["CUDA_DEVICE_ORDER"] = base_env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     else:
         added.setdefault("VLLM_CPU_KVCACHE_SPACE", env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        # One engine of one rank only: with data parallelism each engine's worker is held to its own cores, which
-        # only the multiprocessing executor does (VLLM_CPU_OMP_THREADS_BIND, one range per engine)
-        if scenario.server.ranks == 1 and MULTIPROCESSING not in env:
+        # A server of one rank outside a data-parallel group only: with data parallelism each engine's worker is held
+        # to its own cores, which only the multiprocessing executor does (VLLM_CPU_OMP_THREADS_BIND, one range per
+        # engine). Independent replicas are servers of one engine each.
+        alone = scenario.server.load_balancing == "replicas" or scenario.server.data_parallel_size == 1
+        if alone and scenario.server.server_ranks == 1 and MULTIPROCESSING not in env:
             added[MULTIPROCESSING] = "0"
     added.update(scenario.server.env)
     added.update(variant.env)
     if not is_gpu:
-        merged, tp, ranks = {**env, **added}, scenario.server.tensor_parallel_size, scenario.server.ranks
+        merged, tp, ranks = {**env, **added}, scenario.server.tensor_parallel_size, scenario.server.server_ranks
         binding = cpu_thread_binding(ranks, cores, always=True) if cores else cpu_thread_binding(ranks, cpu_ids)
         if binding and "VLLM_CPU_OMP_THREADS_BIND" not in merged and cpu_executor(tp, merged) == "mp":
             added["VLLM_CPU_OMP_THREADS_BIND"] = binding

@@ -36,6 +36,26 @@ RESERVED_FLAGS = {
     "-dp": "use server.data_parallel_size",
     "--enable-expert-parallel": "use server.enable_expert_parallel",
     "-ep": "use server.enable_expert_parallel",
+    # one server per engine, each told its rank and where the group meets: server.load_balancing
+    **dict.fromkeys(
+        (
+            "--data-parallel-rank",
+            "-dpn",
+            "--data-parallel-external-lb",
+            "-dpe",
+            "--data-parallel-hybrid-lb",
+            "-dph",
+            "--data-parallel-start-rank",
+            "-dpr",
+            "--data-parallel-size-local",
+            "-dpl",
+            "--data-parallel-address",
+            "-dpa",
+            "--data-parallel-rpc-port",
+            "-dpp",
+        ),
+        "use server.load_balancing",
+    ),  # fmt: skip
     "--enable-sleep-mode": "specwake enables sleep mode where the platform supports it",
 }
 
@@ -86,6 +106,11 @@ class ServerSection(_Strict):
     # one is slept, woken and measured; a variant is as good as its worst engine.
     data_parallel_size: int = Field(default=1, ge=1)
     enable_expert_parallel: bool = False  # MoE experts spread over the DP × TP ranks instead of tensor-parallel
+    # Who spreads requests over the engines: "internal", one API server in front of them all (vLLM's own balancer);
+    # "external", one API server per engine, all in one data-parallel group (vLLM's external load balancing, which
+    # vLLM allows for mixture-of-experts models only); "replicas", one independent server per engine (what vLLM asks
+    # of a dense model, the SkyRL layout). specwake is then the balancer: every control call goes to each server.
+    load_balancing: Literal["internal", "external", "replicas"] = "internal"
     enforce_eager: bool = False
     dtype: str = "auto"
     max_model_len: int | None = Field(default=None, ge=1)
@@ -98,10 +123,28 @@ class ServerSection(_Strict):
     _args_free = field_validator("args")(_no_reserved_flags)
     _env = field_validator("env", mode="before")(_env_values_are_strings)
 
+    @model_validator(mode="after")
+    def _balancing_needs_engines(self) -> ServerSection:
+        if self.load_balancing != "internal" and self.data_parallel_size == 1:
+            raise ValueError(
+                f'load_balancing: "{self.load_balancing}" runs one server per engine; set data_parallel_size above 1'
+            )
+        return self
+
     @property
     def ranks(self) -> int:
-        """Devices one server takes: a GPU, or on CPU a core, per rank of every engine."""
+        """Devices a variant takes: a GPU, or on CPU a core, per rank of every engine (of every server)."""
         return self.tensor_parallel_size * self.data_parallel_size
+
+    @property
+    def servers(self) -> int:
+        """API servers a variant runs: one, or one per engine where specwake balances the load."""
+        return 1 if self.load_balancing == "internal" else self.data_parallel_size
+
+    @property
+    def server_ranks(self) -> int:
+        """Devices one of the variant's servers takes."""
+        return self.ranks // self.servers
 
 
 # The fewest tokens a request can ask for and still be drafted for: the prefill makes the first token, and only a

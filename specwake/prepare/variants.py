@@ -226,9 +226,17 @@ def require_runnable(prepared: Sequence[PreparedVariant]) -> None:
 
 
 def plan_variant(
-    scenario: Scenario, prep: PreparedVariant, port: int, gpus: tuple[int, ...] = (), cores: tuple[int, ...] = ()
+    scenario: Scenario,
+    prep: PreparedVariant,
+    port: int,
+    gpus: tuple[int, ...] = (),
+    cores: tuple[int, ...] = (),
+    replica: int = 0,
 ) -> VariantPlan:
-    """The exact argv and environment of one variant's server."""
+    """The exact argv and environment of one variant's server: of server `replica` where the variant runs several
+    (server.load_balancing), which takes its own share of the variant's GPUs or cores."""
+    share = scenario.server.server_ranks
+    gpus, cores = gpus[replica * share : (replica + 1) * share], cores[replica * share : (replica + 1) * share]
     engine = prep.engine
     pythonpath = ([str(prep.overlay.root)] if prep.overlay else []) + [PACKAGE_PARENT]
     argv = build_server_command(
@@ -241,6 +249,7 @@ def plan_variant(
         sleep_mode=prep.l2_discard == "native",
         is_gpu=engine.is_gpu,
         entrypoint=engine.entrypoint,
+        replica=replica,
     )
     env, added = build_server_env(
         scenario,

@@ -102,7 +102,10 @@ def check_all(
     texts = []
     for scenario, variants in zip(scenarios, prepared, strict=True):
         plans = [
-            plan_variant(scenario, p, 0, assigned.get(key(scenario, p), ()), cores.get(key(scenario, p), ()))
+            [
+                plan_variant(scenario, p, 0, assigned.get(key(scenario, p), ()), cores.get(key(scenario, p), ()), r)
+                for r in range(scenario.server.servers)
+            ]
             for p in variants
         ]
         texts.append(describe(scenario, variants, plans, found[scenario.name]))
@@ -203,13 +206,13 @@ def _short(text: str, limit: int = 50) -> str:
 def describe(
     scenario: Scenario,
     prepared: Sequence[PreparedVariant],
-    plans: Sequence[VariantPlan],
+    plans: Sequence[Sequence[VariantPlan]],
     models: Sequence[Availability] = (),
 ) -> str:
     """What `run` would start for one scenario, and what it will measure, as plain text (`specwake check`)."""
     lines = [f"{scenario.name}  ({scenario.file})", *measurement_plan(scenario, prepared)]
     lines += [f"  model {m.model}: {m.where}" for m in models]
-    for prep, plan in zip(prepared, plans, strict=True):
+    for prep, servers in zip(prepared, plans, strict=True):
         engine = prep.engine
         lines.append(f"  variant {prep.variant.name}  (expect {prep.variant.expected})")
         lines.append(f"    interpreter: {engine.python}  (Python {engine.python_version})")
@@ -224,13 +227,17 @@ def describe(
             if prep.overlay.skipped_files:
                 lines.append(f"    skipped (outside vllm/): {', '.join(prep.overlay.skipped_files)}")
         lines.append(f"    L2 discard: {prep.l2_discard}")
-        where = ",".join(map(str, plan.gpus)) if plan.gpus else ("all visible" if engine.is_gpu else "none (CPU)")
-        lines.append(f"    gpus: {where}")
-        if plan.cores:
-            lines.append(f"    cores: {','.join(map(str, plan.cores))} (the server is confined to them)")
-        lines.append("    argv: " + shlex.join(plan.argv))
-        for key, value in sorted(redact_env(plan.env_added).items()):
-            lines.append(f"    env: {key}={value}")
+        for r, plan in enumerate(servers):
+            if len(servers) > 1:
+                balancing = scenario.server.load_balancing
+                lines.append(f"    server {r} of {len(servers)} (engine {r}, {balancing} load balancing):")
+            where = ",".join(map(str, plan.gpus)) if plan.gpus else ("all visible" if engine.is_gpu else "none (CPU)")
+            lines.append(f"    gpus: {where}")
+            if plan.cores:
+                lines.append(f"    cores: {','.join(map(str, plan.cores))} (the server is confined to them)")
+            lines.append("    argv: " + shlex.join(plan.argv))
+            for key, value in sorted(redact_env(plan.env_added).items()):
+                lines.append(f"    env: {key}={value}")
         for note in cpu_no_ops(prep, scenario.cycle.reload_kind.pushes):
             lines.append(f"    note: {note}")
         if prep.platform_problem:

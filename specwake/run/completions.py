@@ -149,3 +149,15 @@ def _message(exc: openai.APIStatusError) -> str:
         if isinstance(error, dict) and "message" in error:
             return str(error["message"])[:500]
     return str(exc.message)[:500]
+
+
+class FannedCompleter(Completer):
+    """Completers of a variant's several servers, one engine each (server.load_balancing): engine i is server i."""
+
+    def __init__(self, members: list[Completer]) -> None:
+        self.client, self.clock = members[0].client, members[0].clock
+        self.members = members
+
+    def complete(self, *, engine: int | None = None, **request: Any) -> Completion:
+        """Request `engine` (None: the first server) from its server, which runs that engine alone."""
+        return self.members[engine or 0].complete(**request)

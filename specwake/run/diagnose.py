@@ -20,37 +20,45 @@ from typing import Any
 from specwake import protocol
 from specwake.errors import RequestFailed, ServerFault
 from specwake.results import CheckerReading, Diagnostic
-from specwake.run.client import VllmClient
+from specwake.run.client import FannedClient, VllmClient
 
 
 @dataclass(frozen=True)
 class Fanout:
-    """How every worker's answer reaches specwake. With one engine /collective_rpc returns each worker's. With
-    data parallelism it reaches every engine but returns engine 0's alone (vLLM's load-balancing client), so each
-    worker also leaves its answer in a fresh folder under `folder` (in the results folder), read and removed here."""
+    """How every worker's answer reaches specwake. With one engine /collective_rpc returns each worker's; so it does
+    from each of several servers of one engine each (server.load_balancing), engine i being server i. With data
+    parallelism behind one server it reaches every engine but returns engine 0's alone (vLLM's load-balancing
+    client), so each worker also leaves its answer in a fresh folder under `folder` (in the results folder), read
+    and removed here."""
 
     engines: int = 1
     folder: Path | None = None
+    servers: int = 1  # several: one engine each, engine i behind the client's server i (client.members)
 
     def results(
         self, client: VllmClient, method: str, *, timeout: float, kwargs: dict[str, Any] | None = None
     ) -> tuple[list[Any], tuple[int, ...]]:
         """(every worker's answer, engine by engine and rank by rank; their engine indices, () for one engine)."""
-        if self.engines == 1 or self.folder is None:
+        if self.engines == 1:
+            return client.rpc_results(method, timeout=timeout, kwargs=kwargs), ()
+        if self.servers > 1 and isinstance(client, FannedClient):
+            each = client.each_rpc(method, timeout=timeout, kwargs=kwargs)
+            return [a for found in each for a in found], tuple(e for e, found in enumerate(each) for _ in found)
+        if self.folder is None:
             return client.rpc_results(method, timeout=timeout, kwargs=kwargs), ()
         self.folder.mkdir(parents=True, exist_ok=True)
-        answers = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=self.folder))
+        answers_dir = Path(tempfile.mkdtemp(prefix=f"{method}-", dir=self.folder))
         try:
-            client.rpc_results(method, timeout=timeout, kwargs={**(kwargs or {}), "answer_dir": str(answers)})
-            left = [json.loads(path.read_text()) for path in answers.glob("*.json")]
+            client.rpc_results(method, timeout=timeout, kwargs={**(kwargs or {}), "answer_dir": str(answers_dir)})
+            left = [json.loads(path.read_text()) for path in answers_dir.glob("*.json")]
         finally:
-            shutil.rmtree(answers, ignore_errors=True)
+            shutil.rmtree(answers_dir, ignore_errors=True)
         left.sort(key=lambda a: (int(a["engine"]), int(a["rank"])))
-        engines = tuple(int(a["engine"]) for a in left)
-        if set(engines) != set(range(self.engines)):
-            missing = sorted(set(range(self.engines)) - set(engines))
+        indices = tuple(int(a["engine"]) for a in left)
+        if set(indices) != set(range(self.engines)):
+            missing = sorted(set(range(self.engines)) - set(indices))
             raise RequestFailed(f"collective_rpc {method}: no answer from engine(s) {missing} of {self.engines}")
-        return [a["answer"] for a in left], engines
+        return [a["answer"] for a in left], indices
 
 
 def fingerprint_kwargs(point: str) -> dict[str, str]:

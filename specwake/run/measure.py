@@ -24,7 +24,7 @@ from specwake.prepare.scenario import Scenario
 from specwake.results import LOGPROB_TOLERANCE, NEAR_TIE_NATS, EngineStage, StageResult
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
-from specwake.run.metrics import SpecCounters, SpecDelta, counter_delta, engine_deltas, parse_spec_counters
+from specwake.run.metrics import SpecCounters, SpecDelta, counter_delta, engine_deltas, parse_spec_counters, summed
 
 
 @dataclass(frozen=True)
@@ -90,11 +90,14 @@ def _request(
 
 
 def _scrape(client: VllmClient) -> SpecCounters:
-    text = client.metrics_text()
-    try:
-        return parse_spec_counters(text)
-    except ValueError as exc:
-        raise RequestFailed(f"GET /metrics: not Prometheus text ({exc}): {text[:200]!r}") from None
+    """The counters of the variant's server, or summed over its servers (one engine each: engine i is server i)."""
+    counters = []
+    for text in client.metrics_texts():
+        try:
+            counters.append(parse_spec_counters(text))
+        except ValueError as exc:
+            raise RequestFailed(f"GET /metrics: not Prometheus text ({exc}): {text[:200]!r}") from None
+    return counters[0] if len(counters) == 1 else summed(counters)
 
 
 SETTLE_POLL_S = 0.05  # between /metrics scrapes while the counters catch up (a scrape of a few kB)

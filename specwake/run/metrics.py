@@ -7,7 +7,7 @@ see docs/how-it-works.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -131,6 +131,20 @@ def parse_spec_counters(text: str) -> SpecCounters:
         raise ValueError(f"not Prometheus text exposition: {detail}") from exc
     engines = {e: sums.counters() for e, sums in sorted(per_engine.items())} if len(per_engine) > 1 else {}
     return total.counters(engines)
+
+
+def summed(servers: Sequence[SpecCounters]) -> SpecCounters:
+    """The counters of several servers of one engine each, as one server's: totals summed, engine i server i's."""
+    positions = max((len(c.accepted_per_pos) for c in servers), default=0)
+    return SpecCounters(
+        present=any(c.present for c in servers),
+        drafts=sum(c.drafts for c in servers),
+        draft_tokens=sum(c.draft_tokens for c in servers),
+        accepted=sum(c.accepted for c in servers),
+        accepted_per_pos=tuple(map(sum, zip(*(_padded(c.accepted_per_pos, positions) for c in servers), strict=True))),
+        generation_tokens=sum(c.generation_tokens for c in servers),
+        engines={str(i): c for i, c in enumerate(servers)},
+    )
 
 
 def engine_deltas(before: SpecCounters, after: SpecCounters) -> dict[str, SpecDelta]:

@@ -266,3 +266,74 @@ class Server:
         if survivors:
             log.warning("processes %s of group %d survived SIGKILL", survivors, proc.pid)
         proc.poll()
+
+
+class ServerGroup:
+    """The servers of one variant, as one: where specwake balances the load over several (server.load_balancing),
+    they start, stop and fail together; with one server, that server."""
+
+    def __init__(self, servers: list[Server]) -> None:
+        if not servers:
+            raise ValueError("a server group needs a server")
+        self.servers = servers
+        self.base_url = servers[0].base_url
+
+    def start(self) -> None:
+        """Launch every server (each starts while the others do); a launch that fails stops those already up."""
+        try:
+            for server in self.servers:
+                server.start()
+        except StartupFailed:
+            self.stop()
+            raise
+
+    def wait_ready(self) -> float:
+        """Wait until every server answers /health; the first that cannot stops them all."""
+        started = time.monotonic()
+        try:
+            for server in self.servers:
+                server.wait_ready()
+        except StartupFailed:
+            self.stop()
+            raise
+        return time.monotonic() - started
+
+    def alive(self) -> bool:
+        return all(server.alive() for server in self.servers)
+
+    def exited_within(self, timeout_s: float) -> bool:
+        """Whether any server has exited, waiting up to `timeout_s` for one."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if any(server.returncode() is not None for server in self.servers):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def rss_bytes(self) -> int | None:
+        sizes = [server.rss_bytes() for server in self.servers]
+        return None if any(size is None for size in sizes) else sum(size or 0 for size in sizes)
+
+    def returncode(self) -> int | None:
+        """The exit code of the first server that has exited (None while all run)."""
+        return next((code for server in self.servers if (code := server.returncode()) is not None), None)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The server's log tail; of several, the one that exited, or each under a line naming its log."""
+        if len(self.servers) == 1:
+            return self.servers[0].log_tail(lines)
+        dead = [server for server in self.servers if server.returncode() is not None]
+        return "\n".join(f"# {s.spec.log_path.name}\n{s.log_tail(lines)}" for s in (dead or self.servers))
+
+    def stop(self) -> None:
+        """Stop every server (idempotent); each stops even when stopping another was interrupted, and the
+        interruption is raised once all are stopped."""
+        interrupted: BaseException | None = None
+        for server in self.servers:
+            try:
+                server.stop()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, once every server is stopped
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted

@@ -24,13 +24,13 @@ from specwake.protocol import KIND_BY_VIA, PushRequest, TransferChunk
 from specwake.results import StepResult, VariantResult
 from specwake.run import diagnose
 from specwake.run.assemble import VariantRecord, judge_variant, push_of
-from specwake.run.client import VllmClient
-from specwake.run.completions import Completer, Completion
+from specwake.run.client import FannedClient, VllmClient
+from specwake.run.completions import Completer, Completion, FannedCompleter
 from specwake.run.cycle import run_cycle
 from specwake.run.gate import Gate
 from specwake.run.measure import Stopping, Workload, run_stage, stage_name
 from specwake.run.metrics import OperationClock
-from specwake.run.server import Server, ServerSpec, describe_exit, free_port
+from specwake.run.server import Server, ServerGroup, ServerSpec, describe_exit, free_port
 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result
@@ -73,8 +73,10 @@ class VariantRun:
         self.decides = speed_rule(scenario.min_speedup_recovery, prep.l2_discard).binding  # its tok/s decides
         self.name = prep.variant.name
         self.log_path = log_path
-        self.plan = plan_variant(scenario, prep, 0, gpus, cores)  # the port is bound just before launch (open)
-        self.server = self._server(self.plan.port)
+        # one plan per server (several where specwake balances the load); ports are bound just before launch (open)
+        self.plans = [plan_variant(scenario, prep, 0, gpus, cores, r) for r in range(scenario.server.servers)]
+        self.plan = self.plans[0]
+        self.server = self._servers()
         self.workload = Workload.of(scenario, prep.model)
         self.stopping = Stopping(scenario.tolerance, speed_binds=self.decides)  # when a stage after a cycle may stop
         self.push = push_of(scenario, prep)
@@ -83,8 +85,9 @@ class VariantRun:
         self.completer: Completer | None = None
         self.fresh_completions: list[Completion] = []  # kept to compare tokens and logprobs after each cycle
         self.sync = SyncState() if self.push is not None and self.push.syncs else None
-        # every data-parallel engine's workers answer through files beside the log (see diagnose.Fanout)
-        self.fanout = diagnose.Fanout(scenario.server.data_parallel_size, log_path.with_suffix(".answers"))
+        # every data-parallel engine's workers behind one server answer through files beside the log (diagnose.Fanout)
+        server = scenario.server
+        self.fanout = diagnose.Fanout(server.data_parallel_size, log_path.with_suffix(".answers"), server.servers)
         self.phase = "startup"
         self.completed_phases = 0
         self.started = clock()
@@ -125,12 +128,18 @@ class VariantRun:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def _server(self, port: int) -> Server:
+    def log_of(self, replica: int) -> Path:
+        """Server `replica`'s log: the variant's log, and beside it one per further server."""
+        path = self.log_path
+        return path if replica == 0 else path.with_name(f"{path.stem}.server{replica}{path.suffix}")
+
+    def _servers(self) -> ServerGroup:
         timeout = self.scenario.server.startup_timeout_s
-        spec = ServerSpec(
-            self.plan.argv, self.plan.env, port, self.log_path, timeout, cpus=self.plan.cores, registry=self.registry
-        )
-        return Server(spec)
+        specs = [
+            ServerSpec(plan.argv, plan.env, plan.port, self.log_of(r), timeout, cpus=plan.cores, registry=self.registry)
+            for r, plan in enumerate(self.plans)
+        ]
+        return ServerGroup([Server(spec) for spec in specs])
 
     def open(self) -> None:
         """Start the server, wait for /health, check it is ours and imports the right vLLM."""
@@ -138,10 +147,17 @@ class VariantRun:
             self._open()
 
     def _open(self) -> None:
-        self.plan = self.plan.with_port(free_port())  # as late as possible: a port picked early may be taken meanwhile
+        # as late as possible: a port picked early may be taken meanwhile
+        rpc_port = free_port() if self.scenario.server.load_balancing == "external" else None
+        self.plans = [plan.with_port(free_port(), rpc_port) for plan in self.plans]
+        self.plan = self.plans[0]
         self.record.argv = self.plan.argv
-        self.server = self._server(self.plan.port)
-        self.say(f"starting server on 127.0.0.1:{self.plan.port} (log {self.log_path})")
+        if len(self.plans) > 1:
+            servers = [{"argv": plan.argv, "log": str(self.log_of(r))} for r, plan in enumerate(self.plans)]
+            self.record.info["servers"] = servers
+        self.server = self._servers()
+        ports = ", ".join(f"127.0.0.1:{plan.port}" for plan in self.plans)
+        self.say(f"starting {'server' if len(self.plans) == 1 else 'servers'} on {ports} (log {self.log_path})")
         t0 = self.started = self.clock()
         try:
             self.server.start()
@@ -163,8 +179,12 @@ class VariantRun:
             return
         self._timed("startup", self.clock() - t0)
         self.say(f"server ready after {self.clock() - t0:.1f} s")
-        http = httpx.Client(base_url=self.server.base_url, trust_env=False)
-        self.client, self.completer = VllmClient(http), Completer(http)
+        https = [httpx.Client(base_url=server.base_url, trust_env=False) for server in self.server.servers]
+        if len(https) == 1:
+            self.client, self.completer = VllmClient(https[0]), Completer(https[0])
+        else:
+            self.client = FannedClient([VllmClient(http) for http in https])
+            self.completer = FannedCompleter([Completer(http) for http in https])
         try:
             self._verify(self.client)
         except ServerFault as fault:
@@ -182,7 +202,7 @@ class VariantRun:
             self._fail(PORT_CONFLICT, problem, self.server.log_tail(LOG_EXCERPT_LINES))
             return
         infos, _ = self.fanout.results(client, protocol.INFO, timeout=self.scenario.cycle.step_timeout_s)
-        self.record.info = {"workers": infos}
+        self.record.info["workers"] = infos
         mismatch = check_imports(self.prep, infos)
         if mismatch:
             self._fail(OVERLAY_NOT_USED, mismatch, self.server.log_tail(20))
@@ -220,7 +240,8 @@ class VariantRun:
             t0 = self.clock()
             self.server.stop()
         if self.client is not None:
-            self.client.http.close()
+            for member in self.client.members:
+                member.http.close()
         if self.fanout.folder is not None:
             with contextlib.suppress(OSError):  # each answer's folder is removed once read: this one is empty
                 self.fanout.folder.rmdir()

@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwake.errors import StartupFailed
 from specwake.run.server import (
     Server,
+    ServerGroup,
     ServerSpec,
     describe_exit,
     free_port,
@@ -222,3 +224,25 @@ def test_fake_server_crash_on_reload_dies_with_cuda_message(tmp_path: Path) -> N
             time.sleep(0.05)
         assert server.returncode() == 1
         assert "CUDA error: an illegal memory access" in server.log_tail()
+
+
+def test_a_group_of_servers_starts_fails_and_stops_as_one(tmp_path: Path) -> None:
+    """A variant's servers where specwake balances the load: ready when each is, failed when one exits (its log
+    named), and stopped together, nothing left."""
+    specs = [fake_spec(tmp_path, "--spawn-child") for _ in range(2)]
+    specs[1] = replace(specs[1], log_path=tmp_path / "logs" / "server.server1.log")
+    group = ServerGroup([fast(spec) for spec in specs])
+    try:
+        group.start()
+        group.wait_ready()
+        assert group.alive() and not group.exited_within(0.1) and group.rss_bytes()
+        first, second = group.servers
+        assert second.pgid is not None
+        os.killpg(second.pgid, signal.SIGKILL)
+        assert group.exited_within(5.0) and not group.alive() and group.returncode() == -signal.SIGKILL
+        assert group.log_tail().startswith("# server.server1.log\n")  # the server that exited
+        pgids = [s.pgid for s in group.servers]
+    finally:
+        group.stop()
+    assert not first.alive()
+    assert_no_leftover_processes([p for p in pgids if p is not None])

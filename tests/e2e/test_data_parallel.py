@@ -1,14 +1,17 @@
-"""End to end on real vLLM CPU: two data-parallel engines behind one API server (scenarios/cpu/dp-draft-model.toml),
-each engine's worker on a core of its own. Every engine is slept, discarded, woken, reloaded and measured on its own
-requests, its AL read from vLLM's counters labelled by engine, its workers' fingerprints read through the answer
-folder (vLLM's /collective_rpc returns engine 0's alone). Stock vLLM collapses on both engines, the reference fix
-recovers on both, and a fix that reloads the drafter on engine 0 only must not pass: it collapses, engine 1 named, and
-engine 1's drafter differs from fresh while engine 0's does not. In the session's shared run
-(tests/helpers/shared_runs.py). Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
+"""End to end on real vLLM CPU: two data-parallel engines, each engine's worker on a core of its own, behind one API
+server (scenarios/cpu/dp-draft-model.toml) and each behind a server of its own, balanced by specwake
+(scenarios/cpu/dp-external-deepseek-mtp.toml, vLLM's external load balancing). Every engine is slept, discarded,
+woken, reloaded and measured on its own requests, its AL read from vLLM's counters labelled by engine, its workers'
+fingerprints read from each server or, behind one server, through the answer folder (vLLM's /collective_rpc returns
+engine 0's alone). Stock vLLM collapses on both engines, the reference fix recovers on both, and a fix that reloads
+the drafter on engine 0 only must not pass: it collapses, engine 1 named, and engine 1's drafter differs from fresh
+while engine 0's does not. In the session's shared run (tests/helpers/shared_runs.py). Skips only when vLLM is
+missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +19,11 @@ import pytest
 from tests.helpers.procs import require_module
 from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
-SCENARIOS = Scenarios.shipped("dp", "scenarios/cpu/dp-draft-model.toml", budget_s=1500)
+SCENARIOS = Scenarios.shipped(
+    "dp", "scenarios/cpu/dp-draft-model.toml", "scenarios/cpu/dp-external-deepseek-mtp.toml", budget_s=3000
+)
+INTERNAL, EXTERNAL = "cpu-dp-draft-model", "cpu-dp-external-deepseek-mtp"
+BOTH = pytest.mark.parametrize("scenario", [INTERNAL, EXTERNAL])
 pytestmark = pytest.mark.shared_run(SCENARIOS)
 
 require_module("vllm")
@@ -27,21 +34,26 @@ def run(shared_run: SharedRun) -> dict[str, Any]:
     return shared_run.view(SCENARIOS)
 
 
-def variant(run: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(v for v in run["result"]["variants"] if v["name"] == name)
+def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
+    return next(v for v in run["results"][scenario]["variants"] if v["name"] == name)
 
 
-def test_every_variant_meets_its_expectation_on_every_engine(run: dict[str, Any]) -> None:
-    assert run["result"]["verdict"] == "pass" and run["result"]["complete"], outcome_note(run)
+@BOTH
+def test_every_variant_meets_its_expectation_on_every_engine(run: dict[str, Any], scenario: str) -> None:
+    result = run["results"][scenario]
+    assert result["verdict"] == "pass" and result["complete"], outcome_note(run)
     assert run["leftovers"] == []
-    assert variant(run, "baseline")["engine_outcomes"] == {"0": "collapse", "1": "collapse"}
-    assert variant(run, "patched")["engine_outcomes"] == {"0": "recover", "1": "recover"}
-    assert variant(run, "engine0-only")["engine_outcomes"] == {"0": "recover", "1": "collapse"}
+    assert variant(run, scenario, "baseline")["engine_outcomes"] == {"0": "collapse", "1": "collapse"}
+    assert variant(run, scenario, "patched")["engine_outcomes"] == {"0": "recover", "1": "recover"}
+    assert variant(run, scenario, "engine0-only")["engine_outcomes"] == {"0": "recover", "1": "collapse"}
 
 
+@BOTH
 @pytest.mark.parametrize("name", ["baseline", "patched", "engine0-only"])
-def test_every_engine_is_measured_in_every_stage_and_its_workers_answer(run: dict[str, Any], name: str) -> None:
-    v = variant(run, name)
+def test_every_engine_is_measured_in_every_stage_and_its_workers_answer(
+    run: dict[str, Any], scenario: str, name: str
+) -> None:
+    v = variant(run, scenario, name)
     assert sorted(w["engine"] for w in v["info"]["workers"]) == [0, 1]  # specwake_info from both engines
     for stage in v["stages"]:
         engines = {e["engine"]: e for e in stage["engines"]}
@@ -57,17 +69,31 @@ def test_every_engine_is_measured_in_every_stage_and_its_workers_answer(run: dic
             assert taken["engines"] == [0, 1], taken["point"]
 
 
-def test_a_drafter_reloaded_on_engine_0_only_is_named_by_its_engine(run: dict[str, Any]) -> None:
-    v = variant(run, "engine0-only")
+@BOTH
+def test_a_drafter_reloaded_on_engine_0_only_is_named_by_its_engine(run: dict[str, Any], scenario: str) -> None:
+    v = variant(run, scenario, "engine0-only")
     assert v["outcome"] == "collapse" and v["matched"]  # the scenario expects it: the partial fix must not pass
     after = v["stages"][1]
     al = {e["engine"]: e["acceptance_length"] for e in after["engines"]}
     assert al["0"] > 3.5 and al["1"] == 1.0
     (restore,) = [d for d in v["diagnostics"] if d["point"] == "after reload_weights"]
     engine0, engine1 = (fp["draft"] for fp in restore["fingerprints"])
-    (stock,) = [d for d in variant(run, "baseline")["diagnostics"] if d["point"] == "after reload_weights"]
+    (stock,) = [d for d in variant(run, scenario, "baseline")["diagnostics"] if d["point"] == "after reload_weights"]
     # engine 1's drafter as stock vLLM leaves every engine's: the emulated discard's tensors still differ from fresh
     assert engine0["differ"] == 0 and engine1["differ"] == stock["fingerprints"][1]["draft"]["differ"] > 0
-    report = (run["dir"] / "report.md").read_text()
+    report = (run["dir"] / scenario / "report.md").read_text()
     assert "engine 1 of 2: AL" in report and "engine 0: recover" in report
     assert "engine 1 rank 0:" in report  # the weights line names the engine whose drafter differs
+
+
+@pytest.mark.parametrize("name", ["baseline", "patched", "engine0-only"])
+def test_each_engine_of_an_externally_balanced_variant_is_a_server_of_its_own(run: dict[str, Any], name: str) -> None:
+    v = variant(run, EXTERNAL, name)
+    servers = v["info"]["servers"]
+    assert [s["argv"][s["argv"].index("--data-parallel-rank") + 1] for s in servers] == ["0", "1"]
+    ports = {s["argv"][s["argv"].index("--data-parallel-rpc-port") + 1] for s in servers}
+    assert len(ports) == 1 and ports != {"0"}  # one group, met on a port picked at launch
+    for server in servers:  # each server's own log, its engine's lines in it
+        log = Path(server["log"]).read_text()
+        assert "EngineCore_DP" in log and "--data-parallel-rank" in log.splitlines()[1]
+    assert v["log_path"] == servers[0]["log"]

@@ -9,6 +9,7 @@ files use must exist in each release and accept the arguments passed (tests/help
 
 from __future__ import annotations
 
+import ast
 import difflib
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from specwake.prepare.overlay import Overlay, build_overlay
+from specwake.prepare.plan import data_parallel_rank_flags
+from specwake.prepare.scenario_file import RESERVED_FLAGS
 from tests.helpers.paths import REPO
 from tests.helpers.releases import (
     DOWNLOAD_TIMEOUT_S,
@@ -126,3 +129,22 @@ def test_every_fallback_import_exists_in_some_release():
                 found.setdefault((path.name, use.what), set()).add(version)
     nowhere = [f"{name}: {what}" for (name, what), versions in found.items() if not versions]
     assert nowhere == [], f"guarded imports that no release in {RELEASES} has:\n" + "\n".join(nowhere)
+
+
+def test_the_data_parallel_flags_specwake_sets_or_reserves_are_the_releases_own(release):
+    """server.load_balancing's flags (plan.data_parallel_rank_flags) and every data-parallel flag a scenario may not
+    set are flags of the release's argument parser, and the release refuses external balancing of a dense model."""
+    version, tree = release
+    source = (tree / "vllm" / "engine" / "arg_utils.py").read_text()
+    defined = {
+        node.value
+        for call in ast.walk(ast.parse(source))
+        if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_argument"
+        for node in call.args
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("-")
+    }
+    ours = {f for f in data_parallel_rank_flags(1, 2) if f.startswith("-")} | {"--data-parallel-size"}
+    reserved = {f for f in RESERVED_FLAGS if f.startswith(("--data-parallel", "-dp", "--enable-expert", "-ep"))}
+    assert len(reserved) >= 16 and ours <= reserved | {"--data-parallel-size"}
+    assert not (ours | reserved) - defined, f"vLLM {version} has no {sorted((ours | reserved) - defined)}"
+    assert "Non-MoE models do not support external data parallel mode" in source
