@@ -246,9 +246,9 @@ def build_server_env(
         added["CUDA_DEVICE_ORDER"] = base_env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     else:
         added.setdefault("VLLM_CPU_KVCACHE_SPACE", env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        # A server of one rank outside a data-parallel group only: with data parallelism each engine's worker is held
-        # to its own cores, which only the multiprocessing executor does (VLLM_CPU_OMP_THREADS_BIND, one range per
-        # engine). Independent replicas are servers of one engine each.
+        # A server of one rank outside a data-parallel group only: with data parallelism vLLM picks the
+        # multiprocessing executor (world_size_across_dp > 1, vllm/config/parallel.py), and each engine's worker is
+        # held to its own cores (VLLM_CPU_OMP_THREADS_BIND, one range per engine). Replicas are independent servers.
         alone = scenario.server.load_balancing == "replicas" or scenario.server.data_parallel_size == 1
         if alone and scenario.server.server_ranks == 1 and MULTIPROCESSING not in env:
             added[MULTIPROCESSING] = "0"

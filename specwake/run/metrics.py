@@ -24,6 +24,21 @@ POSITION_LABEL = "position"
 ENGINE_LABEL = "engine"  # vLLM's engine index: one per data-parallel engine behind the API server
 
 _SPEC_TOTALS = (DRAFTS, DRAFT_TOKENS, ACCEPTED)
+_COUNTERS = frozenset((*_SPEC_TOTALS, ACCEPTED_PER_POS, GENERATION_TOKENS))
+
+# vLLM's metrics as Ray exports them (vllm/v1/metrics/ray_wrappers.py, RayPrometheusStatLogger): ':' made '_', and
+# Ray's own "ray_" before the name. vLLM's server never uses that logger itself (0.32, 0.33: only Ray's own LLM
+# serving does), so a server's /metrics keeps the `vllm:` names also under the Ray executor; both are read alike.
+RAY_PREFIX = "ray_vllm_"
+
+
+def vllm_name(sample: str) -> str:
+    """A sample's name as vLLM's own exposition spells it (`ray_vllm_spec_decode_num_drafts` →
+    `vllm:spec_decode_num_drafts_total`); any other name unchanged."""
+    if not sample.startswith(RAY_PREFIX):
+        return sample
+    name = "vllm:" + sample.removeprefix(RAY_PREFIX)
+    return name + "_total" if name + "_total" in _COUNTERS else name
 
 
 @dataclass(frozen=True)
@@ -112,8 +127,8 @@ class _Sums:
 
 
 def parse_spec_counters(text: str) -> SpecCounters:
-    """Read the spec-decode counters out of a /metrics body: over every engine, and per engine where several
-    report (each sample's `engine` label).
+    """Read the spec-decode counters out of a /metrics body, under vLLM's names or Ray's (vllm_name): over every
+    engine, and per engine where several report (each sample's `engine` label).
 
     Raises ValueError when the text is not Prometheus exposition format.
     """
@@ -122,10 +137,11 @@ def parse_spec_counters(text: str) -> SpecCounters:
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                total.add(sample.name, sample.labels, sample.value)
+                name = vllm_name(sample.name)
+                total.add(name, sample.labels, sample.value)
                 engine = sample.labels.get(ENGINE_LABEL)
                 if engine is not None:
-                    per_engine.setdefault(engine, _Sums()).add(sample.name, sample.labels, sample.value)
+                    per_engine.setdefault(engine, _Sums()).add(name, sample.labels, sample.value)
     except ValueError as exc:
         detail = str(exc) or "unparsable line"
         raise ValueError(f"not Prometheus text exposition: {detail}") from exc

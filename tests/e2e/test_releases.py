@@ -148,3 +148,13 @@ def test_the_data_parallel_flags_specwake_sets_or_reserves_are_the_releases_own(
     assert len(reserved) >= 16 and ours <= reserved | {"--data-parallel-size"}
     assert not (ours | reserved) - defined, f"vLLM {version} has no {sorted((ours | reserved) - defined)}"
     assert "Non-MoE models do not support external data parallel mode" in source
+
+
+def test_vllms_server_keeps_its_own_metric_names_and_ray_spells_them_as_specwake_reads(release):
+    """specwake.run.metrics.vllm_name: vLLM's Ray stat logger is used by nothing in vLLM itself (so `vllm serve`'s
+    /metrics keeps `vllm:` names, also with the Ray executor), and it sanitizes a name to [a-zA-Z0-9_]."""
+    version, tree = release
+    users = [p for p in (tree / "vllm").rglob("*.py") if "RayPrometheusStatLogger" in p.read_text(errors="replace")]
+    assert [p.relative_to(tree).as_posix() for p in users] == ["vllm/v1/metrics/ray_wrappers.py"], version
+    wrappers = (tree / "vllm" / "v1" / "metrics" / "ray_wrappers.py").read_text()
+    assert 're.sub(r"[^a-zA-Z0-9_]", "_", name)' in wrappers

@@ -247,3 +247,18 @@ def test_real_scrape_delta_from_zero(real_scrape: str) -> None:
     positions = sorted(_grep_positions(real_scrape))
     expected = [_grep_sum(real_scrape, ACCEPTED_PER_POS, p) / drafts for p in positions]
     assert delta.per_position == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("suffix", ["_total", ""])
+def test_rays_names_for_vllms_metrics_are_read_as_vllms(suffix: str) -> None:
+    """RayPrometheusStatLogger's export: ':' sanitized to '_', Ray's "ray_" before it, a counter with or without
+    its `_total` (an exporter that types it untyped leaves the name as registered)."""
+
+    def as_ray(text: str) -> str:
+        text = text.replace("vllm:", "ray_vllm_")
+        return text if suffix else re.sub(r"_total\b", "", text)
+
+    for text in (_scrape(40, 120, 90, [35, 30, 25], generation=130), REAL_SCRAPE.read_text()):
+        ray = as_ray(text)
+        assert "vllm:" not in ray
+        assert parse_spec_counters(ray) == parse_spec_counters(text)
