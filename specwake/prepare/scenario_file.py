@@ -18,6 +18,9 @@ from specwake.judge.expectations import EXPECTATIONS, Limits
 from specwake.judge.sequential import DEFAULT_MIN_REPEATS
 from specwake.protocol import RELOAD_KIND, RELOAD_KINDS, ROLES, ReloadKind, split_entry
 
+HOST = "127.0.0.1"
+NODE_COMMAND, NODE_ARGV = "{command}", "{argv}"  # server.node_command's placeholders (and "{node}")
+
 # A scenario or variant name names a folder: one path component, nothing that could climb out of --output.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
@@ -36,6 +39,7 @@ RESERVED_FLAGS = {
     "-dp": "use server.data_parallel_size",
     "--enable-expert-parallel": "use server.enable_expert_parallel",
     "-ep": "use server.enable_expert_parallel",
+    "--headless": "use server.nodes",
     # one server per engine, each told its rank and where the group meets: server.load_balancing
     **dict.fromkeys(
         (
@@ -111,6 +115,13 @@ class ServerSection(_Strict):
     # vLLM allows for mixture-of-experts models only); "replicas", one independent server per engine (what vLLM asks
     # of a dense model, the SkyRL layout). specwake is then the balancer: every control call goes to each server.
     load_balancing: Literal["internal", "external", "replicas"] = "internal"
+    # Machines the engines span (vLLM's multi-node data parallelism): the API server and data_parallel_size / nodes
+    # engines here (the head), as many headless on each other node, all meeting at head_address. node_command starts
+    # node i: an argv template, "{node}" its index, "{command}" its vLLM command as one shell string (ssh), or an
+    # element "{argv}" the command's own words (run on this machine: a test of the layout).
+    nodes: int = Field(default=1, ge=1)
+    head_address: str = Field(default=HOST, min_length=1)
+    node_command: list[str] = Field(default_factory=list)
     enforce_eager: bool = False
     dtype: str = "auto"
     max_model_len: int | None = Field(default=None, ge=1)
@@ -131,10 +142,37 @@ class ServerSection(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _nodes_share_the_engines(self) -> ServerSection:
+        if self.nodes == 1:
+            if self.node_command:
+                raise ValueError("node_command: only with nodes above 1")
+            return self
+        if self.load_balancing != "internal" or self.data_parallel_size % self.nodes:
+            raise ValueError(
+                f"nodes: {self.nodes} nodes share data_parallel_size engines evenly behind one API server; set"
+                f' data_parallel_size to a multiple of {self.nodes} with load_balancing = "internal"'
+            )
+        if not self.node_command:
+            raise ValueError(
+                f"node_command: needed with nodes = {self.nodes}: how specwake starts each other node, e.g."
+                ' ["ssh", "-tt", "gpu-{node}", "{command}"] (`specwake check` prints each node\'s command)'
+            )
+        if not any(NODE_COMMAND in word or word == NODE_ARGV for word in self.node_command):
+            raise ValueError(f'node_command: names no "{NODE_COMMAND}" and no "{NODE_ARGV}": nothing would run vLLM')
+        return self
+
+    @property
+    def nodes_here(self) -> bool:
+        """The other nodes' engines run on this machine (node_command runs their argv itself: a test of the layout)."""
+        return NODE_ARGV in self.node_command
+
     @property
     def ranks(self) -> int:
-        """Devices a variant takes: a GPU, or on CPU a core, per rank of every engine (of every server)."""
-        return self.tensor_parallel_size * self.data_parallel_size
+        """Devices a variant takes on this machine: a GPU, or on CPU a core, per rank of every engine (of every server)
+        that runs here."""
+        engines = self.data_parallel_size if self.nodes_here else self.data_parallel_size // self.nodes
+        return self.tensor_parallel_size * engines
 
     @property
     def servers(self) -> int:
@@ -143,8 +181,8 @@ class ServerSection(_Strict):
 
     @property
     def server_ranks(self) -> int:
-        """Devices one of the variant's servers takes."""
-        return self.ranks // self.servers
+        """Devices one of the variant's servers takes (a node's share, with nodes)."""
+        return self.ranks // self.servers // (self.nodes if self.nodes_here else 1)
 
 
 # The fewest tokens a request can ask for and still be drafted for: the prefill makes the first token, and only a

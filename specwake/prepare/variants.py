@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from specwake.prepare.engine import EngineInfo, probe_engine, resolve_python
 from specwake.prepare.hub import local_config
 from specwake.prepare.models import is_builtin, resolve_model_ref
 from specwake.prepare.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
-from specwake.prepare.plan import VariantPlan, build_server_command, build_server_env, resolve_discard
+from specwake.prepare.plan import VariantPlan, build_server_command, build_server_env, node_launch, resolve_discard
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.prepare.validate import validate_variants
 
@@ -87,13 +87,30 @@ def chunked_draft_sync(scenario: Scenario, variant: Variant) -> str | None:
 RAY_FLAG = "--distributed-executor-backend"
 
 
-def uses_ray(scenario: Scenario) -> bool:
-    """Whether the server or a variant asks for vLLM's Ray executor (`--distributed-executor-backend ray`)."""
-    for args in (scenario.server.args, *(v.args for v in scenario.variants)):
-        pairs = zip(args, [*args[1:], ""], strict=False)
-        if any(a == f"{RAY_FLAG}=ray" or (a == RAY_FLAG and b == "ray") for a, b in pairs):
-            return True
-    return False
+def uses_ray(scenario: Scenario, variant: Variant | None = None) -> bool:
+    """Whether the server or a variant (`variant`, where given) asks for vLLM's Ray executor
+    (`--distributed-executor-backend ray`)."""
+    variants = scenario.variants if variant is None else [variant]
+    return any(_asks_ray(args) for args in (scenario.server.args, *(v.args for v in variants)))
+
+
+def _asks_ray(args: Sequence[str]) -> bool:
+    pairs = zip(args, [*args[1:], ""], strict=False)
+    return any(a == f"{RAY_FLAG}=ray" or (a == RAY_FLAG and b == "ray") for a, b in pairs)
+
+
+def overlay_under_ray(scenario: Scenario, prep: PreparedVariant) -> str | None:
+    """Where a patched variant runs on vLLM's Ray executor: how its overlay can reach Ray's workers, said before
+    anything runs. They are the cluster's processes, their sys.path the one `ray start` gave them: vLLM hands them
+    the server's environment only once they have imported vLLM (0.32: VLLM_*, NCCL_*, HF_* and a few more,
+    vllm/ray/ray_env.py; 0.33: all of it, vllm/v1/executor/ray_env_utils.py)."""
+    if prep.overlay is None or not uses_ray(scenario, prep.variant):
+        return None
+    path = f"PYTHONPATH={prep.overlay.root}:{PACKAGE_PARENT}"
+    return (
+        f"the Ray executor's workers import vLLM as the Ray cluster started them: start it with {path} on every"
+        " node (the same paths on each), else this variant fails as 'overlay not used', its rank named"
+    )
 
 
 def platform_problem(
@@ -232,11 +249,14 @@ def plan_variant(
     gpus: tuple[int, ...] = (),
     cores: tuple[int, ...] = (),
     replica: int = 0,
+    node: int = 0,
 ) -> VariantPlan:
     """The exact argv and environment of one variant's server: of server `replica` where the variant runs several
-    (server.load_balancing), which takes its own share of the variant's GPUs or cores."""
+    (server.load_balancing), or of node `node`'s headless engines and how specwake starts them (server.nodes). Each
+    takes its own share of the variant's GPUs or cores (a node's, where it runs on this machine)."""
     share = scenario.server.server_ranks
-    gpus, cores = gpus[replica * share : (replica + 1) * share], cores[replica * share : (replica + 1) * share]
+    part = replica + node
+    gpus, cores = gpus[part * share : (part + 1) * share], cores[part * share : (part + 1) * share]
     engine = prep.engine
     pythonpath = ([str(prep.overlay.root)] if prep.overlay else []) + [PACKAGE_PARENT]
     argv = build_server_command(
@@ -250,6 +270,7 @@ def plan_variant(
         is_gpu=engine.is_gpu,
         entrypoint=engine.entrypoint,
         replica=replica,
+        node=node,
     )
     env, added = build_server_env(
         scenario,
@@ -261,7 +282,20 @@ def plan_variant(
         gpus=gpus,
         cores=cores,
     )
-    return VariantPlan(prep.variant, engine.python, argv, env, added, port, prep.l2_discard, gpus, cores)
+    plan = VariantPlan(prep.variant, engine.python, argv, env, added, port, prep.l2_discard, gpus, cores)
+    if node == 0:
+        return plan
+    template = tuple(scenario.server.node_command)
+    return replace(plan, node=node, template=template, launch=node_launch(template, node, argv, added))
+
+
+def plan_servers(
+    scenario: Scenario, prep: PreparedVariant, gpus: tuple[int, ...] = (), cores: tuple[int, ...] = ()
+) -> list[VariantPlan]:
+    """Every process group a variant starts: its API servers, then each other node's headless engines."""
+    server = scenario.server
+    plans = [plan_variant(scenario, prep, 0, gpus, cores, replica=r) for r in range(server.servers)]
+    return plans + [plan_variant(scenario, prep, 0, gpus, cores, node=n) for n in range(1, server.nodes)]
 
 
 def check_imports(prep: PreparedVariant, infos: list[Any]) -> str | None:

@@ -28,7 +28,8 @@ from specwake.prepare.variants import (
     chunked_draft_sync,
     cpu_no_ops,
     inspect_patches,
-    plan_variant,
+    overlay_under_ray,
+    plan_servers,
     prepare,
     validate_run,
 )
@@ -102,10 +103,7 @@ def check_all(
     texts = []
     for scenario, variants in zip(scenarios, prepared, strict=True):
         plans = [
-            [
-                plan_variant(scenario, p, 0, assigned.get(key(scenario, p), ()), cores.get(key(scenario, p), ()), r)
-                for r in range(scenario.server.servers)
-            ]
+            plan_servers(scenario, p, assigned.get(key(scenario, p), ()), cores.get(key(scenario, p), ()))
             for p in variants
         ]
         texts.append(describe(scenario, variants, plans, found[scenario.name]))
@@ -228,7 +226,13 @@ def describe(
                 lines.append(f"    skipped (outside vllm/): {', '.join(prep.overlay.skipped_files)}")
         lines.append(f"    L2 discard: {prep.l2_discard}")
         for r, plan in enumerate(servers):
-            if len(servers) > 1:
+            if plan.node:
+                nodes = scenario.server.nodes
+                lines.append(f"    node {plan.node} of {nodes}: its share of the engines, headless, started by:")
+                lines.append("    launch: " + shlex.join(plan.launch))
+            elif scenario.server.nodes > 1:
+                lines.append(f"    node 0 of {scenario.server.nodes} (here): the API server, its share of the engines")
+            elif len(servers) > 1:
                 balancing = scenario.server.load_balancing
                 lines.append(f"    server {r} of {len(servers)} (engine {r}, {balancing} load balancing):")
             where = ",".join(map(str, plan.gpus)) if plan.gpus else ("all visible" if engine.is_gpu else "none (CPU)")
@@ -238,7 +242,8 @@ def describe(
             lines.append("    argv: " + shlex.join(plan.argv))
             for key, value in sorted(redact_env(plan.env_added).items()):
                 lines.append(f"    env: {key}={value}")
-        for note in cpu_no_ops(prep, scenario.cycle.reload_kind.pushes):
+        ray = overlay_under_ray(scenario, prep)
+        for note in [*cpu_no_ops(prep, scenario.cycle.reload_kind.pushes), *([ray] if ray else [])]:
             lines.append(f"    note: {note}")
         if prep.platform_problem:
             lines.append(f"    NOT RUNNABLE HERE: {prep.platform_problem}")

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,6 +46,8 @@ class ServerSpec:
     # Where the server's record lies while it runs, so that a later run finds it if this one dies with it and its
     # watchdog (leftovers.registry_dir of specwake's cache); None: not recorded.
     registry: Path | None = None
+    # False: another node's headless engines (server.nodes), no HTTP server: ready while it runs
+    http: bool = True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -149,26 +152,25 @@ class Server:
         if registry is not None and record is not None:
             self._record = remember(registry, record)
 
-    def wait_ready(self) -> float:
-        """Poll GET /health until it answers 200; return the seconds waited.
+    def wait_ready(self, watch: Callable[[], None] | None = None) -> float:
+        """Poll GET /health until it answers 200; return the seconds waited. `watch` is called between polls (it
+        raises StartupFailed when a process the server waits for has exited).
 
         Raises StartupFailed as soon as the process exits, or when startup_timeout_s passes.
         """
         proc = self._require_proc()
+        if not self.spec.http:
+            self._check_running(proc, time.monotonic())
+            return 0.0
         url = f"{self.base_url}/health"
         started = time.monotonic()
         deadline = started + self.spec.startup_timeout_s
         last = "no answer"
         with httpx.Client(trust_env=False) as client:
             while True:
-                code = proc.poll()
-                if code is not None:
-                    waited = time.monotonic() - started
-                    raise StartupFailed(
-                        f"server {describe_exit(code)} before ready ({waited:.1f} seconds after "
-                        f"launch, code {code}); log: {self.spec.log_path}",
-                        self.log_tail(),
-                    )
+                self._check_running(proc, started)
+                if watch is not None:
+                    watch()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -185,6 +187,16 @@ class Server:
             f"server at {url} not ready after {waited:.1f} seconds (last answer: {last}); log: {self.spec.log_path}",
             self.log_tail(),
         )
+
+    def _check_running(self, proc: subprocess.Popen[bytes], started: float) -> None:
+        code = proc.poll()
+        if code is not None:
+            waited = time.monotonic() - started
+            raise StartupFailed(
+                f"server {describe_exit(code)} before ready ({waited:.1f} seconds after "
+                f"launch, code {code}); log: {self.spec.log_path}",
+                self.log_tail(),
+            )
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
@@ -288,15 +300,27 @@ class ServerGroup:
             raise
 
     def wait_ready(self) -> float:
-        """Wait until every server answers /health; the first that cannot stops them all."""
+        """Wait until every server answers /health, while every other node's engines run; the first that cannot
+        stops them all."""
         started = time.monotonic()
+        nodes = [server for server in self.servers if not server.spec.http]
+
+        def nodes_running() -> None:
+            for node in nodes:
+                node.wait_ready()
+
         try:
             for server in self.servers:
-                server.wait_ready()
+                server.wait_ready(nodes_running)
         except StartupFailed:
             self.stop()
             raise
         return time.monotonic() - started
+
+    @property
+    def http(self) -> list[Server]:
+        """The servers that answer HTTP (not another node's headless engines)."""
+        return [server for server in self.servers if server.spec.http]
 
     def alive(self) -> bool:
         return all(server.alive() for server in self.servers)

@@ -18,11 +18,12 @@ from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFail
 from specwake.events import Event, Events
 from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
 from specwake.judge.verdict import speed_rule
+from specwake.prepare.plan import VariantPlan
 from specwake.prepare.scenario import Scenario
-from specwake.prepare.variants import PreparedVariant, check_imports, plan_variant
+from specwake.prepare.variants import PreparedVariant, check_imports, plan_servers, uses_ray
 from specwake.protocol import KIND_BY_VIA, PushRequest, TransferChunk
 from specwake.results import StepResult, VariantResult
-from specwake.run import diagnose
+from specwake.run import diagnose, raycluster
 from specwake.run.assemble import VariantRecord, judge_variant, push_of
 from specwake.run.client import FannedClient, VllmClient
 from specwake.run.completions import Completer, Completion, FannedCompleter
@@ -35,6 +36,7 @@ from specwake.run.server import Server, ServerGroup, ServerSpec, describe_exit, 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result
 EXIT_SETTLE_S = 1.0  # after a fault, how long a dying server gets to be seen as exited
+RAY_FREE_TIMEOUT_S = 300.0  # after a Ray-executor server stops, how long its cluster gets to free every GPU
 
 
 @dataclass
@@ -73,8 +75,9 @@ class VariantRun:
         self.decides = speed_rule(scenario.min_speedup_recovery, prep.l2_discard).binding  # its tok/s decides
         self.name = prep.variant.name
         self.log_path = log_path
-        # one plan per server (several where specwake balances the load); ports are bound just before launch (open)
-        self.plans = [plan_variant(scenario, prep, 0, gpus, cores, r) for r in range(scenario.server.servers)]
+        # one plan per server (several where specwake balances the load) and per other node's engines; ports are bound
+        # just before launch (open)
+        self.plans = plan_servers(scenario, prep, gpus, cores)
         self.plan = self.plans[0]
         self.server = self._servers()
         self.workload = Workload.of(scenario, prep.model)
@@ -84,6 +87,7 @@ class VariantRun:
         self.client: VllmClient | None = None
         self.completer: Completer | None = None
         self.fresh_completions: list[Completion] = []  # kept to compare tokens and logprobs after each cycle
+        self.ray = uses_ray(scenario, prep.variant)  # vLLM's Ray executor, on a cluster the user brings
         self.sync = SyncState() if self.push is not None and self.push.syncs else None
         # every data-parallel engine's workers behind one server answer through files beside the log (diagnose.Fanout)
         server = scenario.server
@@ -128,16 +132,28 @@ class VariantRun:
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
-    def log_of(self, replica: int) -> Path:
-        """Server `replica`'s log: the variant's log, and beside it one per further server."""
+    def log_of(self, plan: VariantPlan, index: int) -> Path:
+        """The log of the variant's `index`-th process group: server 0's is the variant's, beside it one per further
+        server and one per other node."""
         path = self.log_path
-        return path if replica == 0 else path.with_name(f"{path.stem}.server{replica}{path.suffix}")
+        if plan.node:
+            return path.with_name(f"{path.stem}.node{plan.node}{path.suffix}")
+        return path if index == 0 else path.with_name(f"{path.stem}.server{index}{path.suffix}")
 
     def _servers(self) -> ServerGroup:
         timeout = self.scenario.server.startup_timeout_s
         specs = [
-            ServerSpec(plan.argv, plan.env, plan.port, self.log_of(r), timeout, cpus=plan.cores, registry=self.registry)
-            for r, plan in enumerate(self.plans)
+            ServerSpec(
+                plan.launch or plan.argv,
+                plan.env,
+                plan.port,
+                self.log_of(plan, i),
+                timeout,
+                cpus=plan.cores,
+                registry=self.registry,
+                http=not plan.launch,
+            )  # fmt: skip
+            for i, plan in enumerate(self.plans)
         ]
         return ServerGroup([Server(spec) for spec in specs])
 
@@ -148,16 +164,21 @@ class VariantRun:
 
     def _open(self) -> None:
         # as late as possible: a port picked early may be taken meanwhile
-        rpc_port = free_port() if self.scenario.server.load_balancing == "external" else None
-        self.plans = [plan.with_port(free_port(), rpc_port) for plan in self.plans]
+        server = self.scenario.server
+        rpc_port = free_port() if server.load_balancing == "external" or server.nodes > 1 else None
+        self.plans = [plan.with_port(0 if plan.launch else free_port(), rpc_port) for plan in self.plans]
         self.plan = self.plans[0]
         self.record.argv = self.plan.argv
         if len(self.plans) > 1:
-            servers = [{"argv": plan.argv, "log": str(self.log_of(r))} for r, plan in enumerate(self.plans)]
-            self.record.info["servers"] = servers
+            self.record.info["servers"] = [
+                {"argv": plan.argv, "log": str(self.log_of(plan, i))} | ({"launch": plan.launch} if plan.launch else {})
+                for i, plan in enumerate(self.plans)
+            ]
         self.server = self._servers()
-        ports = ", ".join(f"127.0.0.1:{plan.port}" for plan in self.plans)
-        self.say(f"starting {'server' if len(self.plans) == 1 else 'servers'} on {ports} (log {self.log_path})")
+        ports = ", ".join(f"127.0.0.1:{plan.port}" for plan in self.plans if not plan.launch)
+        servers = len(self.server.http)
+        nodes = f", the engines of {len(self.plans) - servers} other node(s)" if len(self.plans) > servers else ""
+        self.say(f"starting {'server' if servers == 1 else 'servers'} on {ports}{nodes} (log {self.log_path})")
         t0 = self.started = self.clock()
         try:
             self.server.start()
@@ -179,7 +200,7 @@ class VariantRun:
             return
         self._timed("startup", self.clock() - t0)
         self.say(f"server ready after {self.clock() - t0:.1f} s")
-        https = [httpx.Client(base_url=server.base_url, trust_env=False) for server in self.server.servers]
+        https = [httpx.Client(base_url=server.base_url, trust_env=False) for server in self.server.http]
         if len(https) == 1:
             self.client, self.completer = VllmClient(https[0]), Completer(https[0])
         else:
@@ -239,6 +260,9 @@ class VariantRun:
         with self._busy(stopping=True):
             t0 = self.clock()
             self.server.stop()
+            if self.ray and self.client is not None and not (self.cancel is not None and self.cancel.is_set()):
+                # the cluster's GPUs free again before the devices go to the next server (run/raycluster.py)
+                self.say(raycluster.wait_until_free(self.plan.python, self.plan.env, RAY_FREE_TIMEOUT_S))
         if self.client is not None:
             for member in self.client.members:
                 member.http.close()

@@ -246,3 +246,31 @@ def test_a_group_of_servers_starts_fails_and_stops_as_one(tmp_path: Path) -> Non
         group.stop()
     assert not first.alive()
     assert_no_leftover_processes([p for p in pgids if p is not None])
+
+
+def test_a_group_waits_on_its_server_while_another_nodes_engines_run_and_fails_when_they_exit(tmp_path: Path) -> None:
+    """server.nodes: the other node's process has no HTTP server; the group is ready when the API server is, and a
+    node that exits while the server starts fails the start, with the node's log, leaving nothing behind."""
+    head = fake_spec(tmp_path, "--startup-delay", "3")
+    node = ServerSpec(
+        argv=[sys.executable, "-c", "import time; print('node up', flush=True); time.sleep(1); raise SystemExit(3)"],
+        env={"PATH": os.environ.get("PATH", "")}, port=0, log_path=tmp_path / "logs" / "server.node1.log",
+        startup_timeout_s=20, http=False,
+    )  # fmt: skip
+    group = ServerGroup([fast(head), fast(node)])
+    group.start()
+    pgids = [s.pgid for s in group.servers]
+    with pytest.raises(StartupFailed) as caught:
+        group.wait_ready()  # stops the group
+    assert "exited with code 3" in str(caught.value) and "server.node1.log" in str(caught.value)
+    assert "node up" in caught.value.log_tail
+    assert_no_leftover_processes([p for p in pgids if p is not None])
+    ready = ServerGroup(
+        [fast(fake_spec(tmp_path)), fast(replace(node, argv=[sys.executable, "-c", "import time; time.sleep(60)"]))]
+    )
+    try:
+        ready.start()
+        ready.wait_ready()
+        assert ready.alive() and len(ready.http) == 1
+    finally:
+        ready.stop()

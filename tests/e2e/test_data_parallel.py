@@ -1,11 +1,12 @@
 """End to end on real vLLM CPU: two data-parallel engines, each engine's worker on a core of its own, behind one API
-server (scenarios/cpu/dp-draft-model.toml) and each behind a server of its own, balanced by specwake
-(scenarios/cpu/dp-external-deepseek-mtp.toml, vLLM's external load balancing). Every engine is slept, discarded,
-woken, reloaded and measured on its own requests, its AL read from vLLM's counters labelled by engine, its workers'
-fingerprints read from each server or, behind one server, through the answer folder (vLLM's /collective_rpc returns
-engine 0's alone). Stock vLLM collapses on both engines, the reference fix recovers on both, and a fix that reloads
-the drafter on engine 0 only must not pass: it collapses, engine 1 named, and engine 1's drafter differs from fresh
-while engine 0's does not. In the session's shared run (tests/helpers/shared_runs.py). Skips only when vLLM is
+server (scenarios/cpu/dp-draft-model.toml), each behind a server of its own balanced by specwake
+(scenarios/cpu/dp-external-deepseek-mtp.toml, vLLM's external load balancing), and across two nodes laid out on this
+machine, the other node's engine headless (scenarios/cpu/dp-nodes-draft-model.toml). Every engine is slept,
+discarded, woken, reloaded and measured on its own requests, its AL read from vLLM's counters labelled by engine, its
+workers' fingerprints read from each server or, behind one server, through the answer folder (vLLM's /collective_rpc
+returns engine 0's alone). Stock vLLM collapses on both engines, the reference fix recovers on both, and a fix that
+reloads the drafter on engine 0 only must not pass: it collapses, engine 1 named, and engine 1's drafter differs from
+fresh while engine 0's does not. In the session's shared run (tests/helpers/shared_runs.py). Skips only when vLLM is
 missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
@@ -20,10 +21,23 @@ from tests.helpers.procs import require_module
 from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
 SCENARIOS = Scenarios.shipped(
-    "dp", "scenarios/cpu/dp-draft-model.toml", "scenarios/cpu/dp-external-deepseek-mtp.toml", budget_s=3000
+    "dp",
+    "scenarios/cpu/dp-draft-model.toml",
+    "scenarios/cpu/dp-external-deepseek-mtp.toml",
+    "scenarios/cpu/dp-nodes-draft-model.toml",
+    budget_s=4200,
 )
-INTERNAL, EXTERNAL = "cpu-dp-draft-model", "cpu-dp-external-deepseek-mtp"
-BOTH = pytest.mark.parametrize("scenario", [INTERNAL, EXTERNAL])
+INTERNAL, EXTERNAL, NODES = "cpu-dp-draft-model", "cpu-dp-external-deepseek-mtp", "cpu-dp-nodes-draft-model"
+EVERY = pytest.mark.parametrize("scenario", [INTERNAL, EXTERNAL, NODES])
+# each engine's outcome per variant (the nodes scenario leaves stock vLLM to the one-node scenario)
+ENGINE_OUTCOMES = {
+    "baseline": {"0": "collapse", "1": "collapse"},
+    "patched": {"0": "recover", "1": "recover"},
+    "engine0-only": {"0": "recover", "1": "collapse"},
+}
+VARIANTS = [
+    (s, name) for s in (INTERNAL, EXTERNAL, NODES) for name in ENGINE_OUTCOMES if (s, name) != (NODES, "baseline")
+]
 pytestmark = pytest.mark.shared_run(SCENARIOS)
 
 require_module("vllm")
@@ -38,18 +52,16 @@ def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
     return next(v for v in run["results"][scenario]["variants"] if v["name"] == name)
 
 
-@BOTH
+@EVERY
 def test_every_variant_meets_its_expectation_on_every_engine(run: dict[str, Any], scenario: str) -> None:
     result = run["results"][scenario]
     assert result["verdict"] == "pass" and result["complete"], outcome_note(run)
     assert run["leftovers"] == []
-    assert variant(run, scenario, "baseline")["engine_outcomes"] == {"0": "collapse", "1": "collapse"}
-    assert variant(run, scenario, "patched")["engine_outcomes"] == {"0": "recover", "1": "recover"}
-    assert variant(run, scenario, "engine0-only")["engine_outcomes"] == {"0": "recover", "1": "collapse"}
+    ran = {v["name"]: v["engine_outcomes"] for v in result["variants"]}
+    assert ran == {name: ENGINE_OUTCOMES[name] for (s, name) in VARIANTS if s == scenario}
 
 
-@BOTH
-@pytest.mark.parametrize("name", ["baseline", "patched", "engine0-only"])
+@pytest.mark.parametrize(("scenario", "name"), VARIANTS)
 def test_every_engine_is_measured_in_every_stage_and_its_workers_answer(
     run: dict[str, Any], scenario: str, name: str
 ) -> None:
@@ -69,7 +81,7 @@ def test_every_engine_is_measured_in_every_stage_and_its_workers_answer(
             assert taken["engines"] == [0, 1], taken["point"]
 
 
-@BOTH
+@EVERY
 def test_a_drafter_reloaded_on_engine_0_only_is_named_by_its_engine(run: dict[str, Any], scenario: str) -> None:
     v = variant(run, scenario, "engine0-only")
     assert v["outcome"] == "collapse" and v["matched"]  # the scenario expects it: the partial fix must not pass
@@ -78,7 +90,8 @@ def test_a_drafter_reloaded_on_engine_0_only_is_named_by_its_engine(run: dict[st
     assert al["0"] > 3.5 and al["1"] == 1.0
     (restore,) = [d for d in v["diagnostics"] if d["point"] == "after reload_weights"]
     engine0, engine1 = (fp["draft"] for fp in restore["fingerprints"])
-    (stock,) = [d for d in variant(run, scenario, "baseline")["diagnostics"] if d["point"] == "after reload_weights"]
+    stock_run = INTERNAL if scenario == NODES else scenario  # the same engines' stock vLLM, on one node
+    (stock,) = [d for d in variant(run, stock_run, "baseline")["diagnostics"] if d["point"] == "after reload_weights"]
     # engine 1's drafter as stock vLLM leaves every engine's: the emulated discard's tensors still differ from fresh
     assert engine0["differ"] == 0 and engine1["differ"] == stock["fingerprints"][1]["draft"]["differ"] > 0
     report = (run["dir"] / scenario / "report.md").read_text()
@@ -97,3 +110,16 @@ def test_each_engine_of_an_externally_balanced_variant_is_a_server_of_its_own(ru
         log = Path(server["log"]).read_text()
         assert "EngineCore_DP" in log and "--data-parallel-rank" in log.splitlines()[1]
     assert v["log_path"] == servers[0]["log"]
+
+
+@pytest.mark.parametrize("name", ["patched", "engine0-only"])
+def test_the_other_nodes_engine_runs_headless_started_by_the_node_command(run: dict[str, Any], name: str) -> None:
+    v = variant(run, NODES, name)
+    head, node = v["info"]["servers"]
+    assert "launch" not in head and node["launch"] == node["argv"]  # node_command ["{argv}"]: its own words
+    assert "--headless" in node["argv"] and node["argv"][node["argv"].index("--data-parallel-start-rank") + 1] == "1"
+    port = head["argv"][head["argv"].index("--data-parallel-rpc-port") + 1]
+    assert port != "0" and node["argv"][node["argv"].index("--data-parallel-rpc-port") + 1] == port
+    log = Path(node["log"]).read_text()
+    assert "EngineCore_DP1" in log and "in headless mode" in log  # engine 1 ran there
+    assert "EngineCore_DP1" not in Path(head["log"]).read_text()  # not behind the head's server

@@ -158,3 +158,28 @@ def test_vllms_server_keeps_its_own_metric_names_and_ray_spells_them_as_specwake
     assert [p.relative_to(tree).as_posix() for p in users] == ["vllm/v1/metrics/ray_wrappers.py"], version
     wrappers = (tree / "vllm" / "v1" / "metrics" / "ray_wrappers.py").read_text()
     assert 're.sub(r"[^a-zA-Z0-9_]", "_", name)' in wrappers
+
+
+def test_rays_workers_get_no_pythonpath_from_the_server_before_they_import_vllm(release):
+    """specwake.prepare.variants.overlay_under_ray: a Ray worker's sys.path is the cluster's. vLLM 0.32 copies the
+    variables its ray_env names (no PYTHONPATH) through a call to workers that have imported vLLM; 0.33 copies the
+    driver's whole environment, but before the import only the variables its ray_env_utils names (no PYTHONPATH)."""
+    version, tree = release
+    pre_import = tree / "vllm" / "v1" / "executor" / "ray_env_utils.py"
+
+    def constants(path: Path, prefix: str) -> set[str]:
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
+            if any(getattr(t, "id", "").startswith(prefix) for t in targets) and node.value is not None:
+                found |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+        return found
+
+    if pre_import.exists():
+        before = constants(pre_import, "_RAY_WORKER_PRE_IMPORT_ENV_VARS")
+        assert before and "PYTHONPATH" not in before, (version, before)
+    else:
+        copied = constants(tree / "vllm" / "ray" / "ray_env.py", "DEFAULT_")
+        assert "VLLM_" in copied and not any("PYTHONPATH".startswith(c) for c in copied), (version, copied)
+        executor = (tree / "vllm" / "v1" / "executor" / "ray_executor.py").read_text()
+        assert '"update_environment_variables"' in executor

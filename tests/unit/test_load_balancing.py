@@ -5,6 +5,7 @@ each; the real two-server run is tests/e2e/test_data_parallel.py."""
 
 from __future__ import annotations
 
+import shlex
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,10 @@ import httpx
 import pytest
 
 from specwake.errors import ScenarioError
+from specwake.prepare.overlay import Overlay
 from specwake.prepare.plan import DP_RPC_PORT_UNSET, build_server_command, build_server_env
 from specwake.prepare.scenario import Scenario, load_scenario
-from specwake.prepare.variants import PreparedVariant, plan_variant
+from specwake.prepare.variants import PreparedVariant, overlay_under_ray, plan_servers, plan_variant
 from specwake.results import StageResult
 from specwake.run.client import FannedClient, VllmClient
 from specwake.run.completions import Completer, FannedCompleter
@@ -178,3 +180,69 @@ def test_the_engines_of_one_group_are_asked_at_once() -> None:
 
     client = FannedClient([VllmClient(group_member(MockVllm())) for _ in range(2)])
     assert client.request("POST", "/sleep", timeout=10, params=[("level", "2")]).ok
+
+
+# -- engines on other nodes --------------------------------------------------------------------------------------------
+
+NODES = '[server]\ndata_parallel_size = 4\nnodes = 2\nhead_address = "10.0.0.1"\nnode_command = {command}\n'
+
+
+def nodes(tmp_path: Path, command: str = '["ssh", "-tt", "gpu-{node}", "{command}"]') -> Scenario:
+    path = tmp_path / "nodes.toml"
+    path.write_text(MINIMAL.replace("[server]\n", NODES.format(command=command)) + "[variants.v]\n")
+    return load_scenario(path)
+
+
+def test_the_head_serves_and_each_other_node_runs_its_share_of_the_engines_headless(tmp_path: Path) -> None:
+    s = nodes(tmp_path)
+    head, other = plan_servers(s, _prepared(s))
+    assert s.server.ranks == 2  # this machine runs the head's two engines; the other node's are not its devices
+    for plan in (head, other):
+        assert flag(plan.argv, "--data-parallel-size") == "4" and flag(plan.argv, "--data-parallel-size-local") == "2"
+        assert flag(plan.argv, "--data-parallel-address") == "10.0.0.1"
+    assert "--headless" not in head.argv and head.launch == []
+    assert "--headless" in other.argv and flag(other.argv, "--data-parallel-start-rank") == "2"
+    ssh, tt, host, command = other.launch
+    assert (ssh, tt, host) == ("ssh", "-tt", "gpu-1")
+    words = shlex.split(command)  # one shell string for ssh: the environment specwake sets, then the argv
+    assert words[0] == "env" and f"PYTHONPATH={other.env_added['PYTHONPATH']}" in words
+    assert words[words.index("env") + len(other.env_added) + 1 :] == other.argv
+    launched = other.with_port(0, 5555)
+    assert "--data-parallel-rpc-port 5555" in launched.launch[-1]  # the group's port, picked at launch, in the command
+
+
+def test_nodes_run_here_take_their_own_cores(tmp_path: Path) -> None:
+    s = nodes(tmp_path, '["{argv}"]')
+    assert s.server.ranks == 4 and s.server.server_ranks == 2
+    head, other = plan_servers(s, _prepared(s), cores=(0, 1, 2, 3))
+    assert (head.cores, other.cores) == ((0, 1), (2, 3)) and other.launch == other.argv
+
+
+@pytest.mark.parametrize(
+    ("server", "phrase"),
+    [
+        ("data_parallel_size = 3\nnodes = 2\nnode_command = ['{argv}']\n", "a multiple of 2"),
+        ("data_parallel_size = 2\nnodes = 2\n", 'e.g. ["ssh", "-tt", "gpu-{node}", "{command}"]'),
+        ("data_parallel_size = 2\nnodes = 2\nnode_command = ['ssh', 'gpu-1']\n", "nothing would run vLLM"),
+        ("node_command = ['{argv}']\n", "only with nodes above 1"),
+        ("args = ['--headless']\n", "use server.nodes"),
+    ],
+)
+def test_nodes_that_cannot_run_are_one_line_naming_the_key(tmp_path: Path, server: str, phrase: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(MINIMAL.replace("[server]\n", "[server]\n" + server))
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert len(str(caught.value).splitlines()) == 1 and phrase in str(caught.value)
+
+
+def test_check_says_how_a_patched_variants_overlay_reaches_rays_workers(tmp_path: Path) -> None:
+    path = tmp_path / "ray.toml"
+    path.write_text(MINIMAL.replace("[server]\n", "[server]\nargs = ['--distributed-executor-backend', 'ray']\n")
+                    + "[variants.v]\n")  # fmt: skip
+    s = load_scenario(path)
+    overlay = Overlay(tmp_path / "overlay", ("vllm/x.py",), (), "abc", False)
+    patched = PreparedVariant(s.variants[0], ENGINE, overlay, None, "/m", "/m", "emulated")
+    note = overlay_under_ray(s, patched)
+    assert note is not None and f"PYTHONPATH={tmp_path / 'overlay'}:" in note and "'overlay not used'" in note
+    assert overlay_under_ray(s, _prepared(s)) is None  # stock vLLM: nothing to carry
