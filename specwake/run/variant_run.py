@@ -152,7 +152,7 @@ class VariantRun:
                 cpus=plan.cores,
                 registry=self.registry,
                 http=not plan.launch,
-            )  # fmt: skip
+            )
             for i, plan in enumerate(self.plans)
         ]
         return ServerGroup([Server(spec) for spec in specs])
