@@ -21,7 +21,9 @@ WORKER_EXTENSION = "specwake.worker.extension.SpecwakeWorkerExtension"
 # specwake's launcher, which runs it as the program while the spawned engine core skips its import.
 SERVER_LAUNCHER = "specwake.worker.serve"
 CLI_MODULE = "vllm.entrypoints.cli.main"  # `vllm serve`
-DP_RPC_PORT_UNSET = 0  # in a plan's argv until the variant is launched (VariantPlan.with_port)
+PORT_UNSET = 0  # a port in a plan's argv until the variant is launched (VariantPlan.with_port)
+# the ports a variant's servers and nodes share, picked at launch
+GROUP_PORTS = ("--data-parallel-rpc-port", "--master-port")
 
 # Variables passed from specwake's own environment to a server; everything else is dropped.
 ENV_ALLOW = {
@@ -87,13 +89,14 @@ class VariantPlan:
     template: tuple[str, ...] = ()
     launch: list[str] = field(default_factory=list)
 
-    def with_port(self, port: int, rpc_port: int | None = None) -> VariantPlan:
+    def with_port(self, port: int, shared: Mapping[str, int] | None = None) -> VariantPlan:
         """The same plan on another port (picked just before launch: one picked early may be taken meanwhile), and
-        for a server of a data-parallel group balanced from outside, the group's meeting port."""
+        the ports it shares with the variant's other servers and nodes (`shared`: flag → port, GROUP_PORTS)."""
         argv = list(self.argv)
         argv[argv.index("--port") + 1] = str(port)
-        if rpc_port is not None and "--data-parallel-rpc-port" in argv:
-            argv[argv.index("--data-parallel-rpc-port") + 1] = str(rpc_port)
+        for flag, value in (shared or {}).items():
+            if flag in argv:
+                argv[argv.index(flag) + 1] = str(value)
         launch = node_launch(self.template, self.node, argv, self.env_added) if self.launch else []
         return replace(self, argv=argv, port=port, launch=launch)  # a node's launch carries its command
 
@@ -131,9 +134,9 @@ def model_flags(scenario: Scenario, is_gpu: bool) -> list[str]:
     flags = ["--tensor-parallel-size", str(server.tensor_parallel_size), "--dtype", server.dtype]
     if server.data_parallel_size > 1 and server.load_balancing != "replicas":  # replicas: independent servers
         flags += ["--data-parallel-size", str(server.data_parallel_size)]
-    if server.nodes > 1:  # each node its share of the engines, all meeting at the head
-        flags += ["--data-parallel-size-local", str(server.data_parallel_size // server.nodes)]
-        flags += ["--data-parallel-address", server.head_address, "--data-parallel-rpc-port", str(DP_RPC_PORT_UNSET)]
+    if server.nodes > 1:  # each node its share of the ranks, all meeting at the head (vllm/engine/arg_utils.py)
+        flags += ["--nnodes", str(server.nodes), "--master-addr", server.head_address]
+        flags += ["--master-port", str(PORT_UNSET), "--data-parallel-rpc-port", str(PORT_UNSET)]
     if server.enable_expert_parallel:
         flags.append("--enable-expert-parallel")
     if server.enforce_eager:
@@ -182,9 +185,9 @@ def build_server_command(
         argv.append("--enable-sleep-mode")
     argv += [*server.args, *variant.args]
     if server.load_balancing == "external":
-        argv += data_parallel_rank_flags(replica, DP_RPC_PORT_UNSET)
-    if node > 0:  # engines only, no API server: vLLM's own headless mode, each node from its first engine's rank
-        argv += ["--headless", "--data-parallel-start-rank", str(node * (server.data_parallel_size // server.nodes))]
+        argv += data_parallel_rank_flags(replica, PORT_UNSET)
+    if server.nodes > 1:  # the head serves; every other node runs its ranks only, vLLM's own headless mode
+        argv += ["--node-rank", str(node), *(["--headless"] if node else [])]
     return argv
 
 

@@ -39,7 +39,9 @@ RESERVED_FLAGS = {
     "-dp": "use server.data_parallel_size",
     "--enable-expert-parallel": "use server.enable_expert_parallel",
     "-ep": "use server.enable_expert_parallel",
-    "--headless": "use server.nodes",
+    **dict.fromkeys(
+        ("--headless", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"), "use server.nodes"
+    ),  # fmt: skip
     # one server per engine, each told its rank and where the group meets: server.load_balancing
     **dict.fromkeys(
         (
@@ -115,10 +117,10 @@ class ServerSection(_Strict):
     # vLLM allows for mixture-of-experts models only); "replicas", one independent server per engine (what vLLM asks
     # of a dense model, the SkyRL layout). specwake is then the balancer: every control call goes to each server.
     load_balancing: Literal["internal", "external", "replicas"] = "internal"
-    # Machines the engines span (vLLM's multi-node data parallelism): the API server and data_parallel_size / nodes
-    # engines here (the head), as many headless on each other node, all meeting at head_address. node_command starts
-    # node i: an argv template, "{node}" its index, "{command}" its vLLM command as one shell string (ssh), or an
-    # element "{argv}" the command's own words (run on this machine: a test of the layout).
+    # Machines the ranks span (vLLM's own multi-node layout, --nnodes): the API server and its share of the ranks
+    # here (the head), every other node its share headless, all meeting at head_address. node_command starts node i:
+    # an argv template, "{node}" its index, "{command}" its vLLM command as one shell string (ssh), or an element
+    # "{argv}" the command's own words (run on this machine: a test of the layout).
     nodes: int = Field(default=1, ge=1)
     head_address: str = Field(default=HOST, min_length=1)
     node_command: list[str] = Field(default_factory=list)
@@ -148,10 +150,11 @@ class ServerSection(_Strict):
             if self.node_command:
                 raise ValueError("node_command: only with nodes above 1")
             return self
-        if self.load_balancing != "internal" or self.data_parallel_size % self.nodes:
+        world = self.tensor_parallel_size * self.data_parallel_size
+        if self.load_balancing != "internal" or world % self.nodes:
             raise ValueError(
-                f"nodes: {self.nodes} nodes share data_parallel_size engines evenly behind one API server; set"
-                f' data_parallel_size to a multiple of {self.nodes} with load_balancing = "internal"'
+                f"nodes: {self.nodes} nodes share the data_parallel_size × tensor_parallel_size = {world} ranks evenly"
+                f' behind one API server; make that a multiple of {self.nodes}, with load_balancing = "internal"'
             )
         if not self.node_command:
             raise ValueError(
@@ -171,8 +174,8 @@ class ServerSection(_Strict):
     def ranks(self) -> int:
         """Devices a variant takes on this machine: a GPU, or on CPU a core, per rank of every engine (of every server)
         that runs here."""
-        engines = self.data_parallel_size if self.nodes_here else self.data_parallel_size // self.nodes
-        return self.tensor_parallel_size * engines
+        world = self.tensor_parallel_size * self.data_parallel_size
+        return world if self.nodes_here else world // self.nodes
 
     @property
     def servers(self) -> int:

@@ -18,7 +18,7 @@ from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFail
 from specwake.events import Event, Events
 from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
 from specwake.judge.verdict import speed_rule
-from specwake.prepare.plan import VariantPlan
+from specwake.prepare.plan import GROUP_PORTS, PORT_UNSET, VariantPlan
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant, check_imports, plan_servers, uses_ray
 from specwake.protocol import KIND_BY_VIA, PushRequest, TransferChunk
@@ -164,9 +164,8 @@ class VariantRun:
 
     def _open(self) -> None:
         # as late as possible: a port picked early may be taken meanwhile
-        server = self.scenario.server
-        rpc_port = free_port() if server.load_balancing == "external" or server.nodes > 1 else None
-        self.plans = [plan.with_port(0 if plan.launch else free_port(), rpc_port) for plan in self.plans]
+        shared = {flag: free_port() for flag in GROUP_PORTS if flag in self.plan.argv}
+        self.plans = [plan.with_port(PORT_UNSET if plan.launch else free_port(), shared) for plan in self.plans]
         self.plan = self.plans[0]
         self.record.argv = self.plan.argv
         if len(self.plans) > 1:

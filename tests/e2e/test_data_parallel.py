@@ -117,9 +117,10 @@ def test_the_other_nodes_engine_runs_headless_started_by_the_node_command(run: d
     v = variant(run, NODES, name)
     head, node = v["info"]["servers"]
     assert "launch" not in head and node["launch"] == node["argv"]  # node_command ["{argv}"]: its own words
-    assert "--headless" in node["argv"] and node["argv"][node["argv"].index("--data-parallel-start-rank") + 1] == "1"
-    port = head["argv"][head["argv"].index("--data-parallel-rpc-port") + 1]
-    assert port != "0" and node["argv"][node["argv"].index("--data-parallel-rpc-port") + 1] == port
+    assert "--headless" in node["argv"] and node["argv"][node["argv"].index("--node-rank") + 1] == "1"
+    for shared in ("--data-parallel-rpc-port", "--master-port"):  # picked at launch, the same for both
+        port = head["argv"][head["argv"].index(shared) + 1]
+        assert port != "0" and node["argv"][node["argv"].index(shared) + 1] == port
     log = Path(node["log"]).read_text()
     assert "EngineCore_DP1" in log and "in headless mode" in log  # engine 1 ran there
     assert "EngineCore_DP1" not in Path(head["log"]).read_text()  # not behind the head's server

@@ -132,8 +132,9 @@ def test_every_fallback_import_exists_in_some_release():
 
 
 def test_the_data_parallel_flags_specwake_sets_or_reserves_are_the_releases_own(release):
-    """server.load_balancing's flags (plan.data_parallel_rank_flags) and every data-parallel flag a scenario may not
-    set are flags of the release's argument parser, and the release refuses external balancing of a dense model."""
+    """server.load_balancing's flags (plan.data_parallel_rank_flags) and every data-parallel and multi-node flag a
+    scenario may not set are flags of the release's argument parser (--headless is the server's own, in its
+    launcher's parser), and the release refuses external balancing of a dense model."""
     version, tree = release
     source = (tree / "vllm" / "engine" / "arg_utils.py").read_text()
     defined = {
@@ -144,8 +145,9 @@ def test_the_data_parallel_flags_specwake_sets_or_reserves_are_the_releases_own(
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("-")
     }
     ours = {f for f in data_parallel_rank_flags(1, 2) if f.startswith("-")} | {"--data-parallel-size"}
-    reserved = {f for f in RESERVED_FLAGS if f.startswith(("--data-parallel", "-dp", "--enable-expert", "-ep"))}
-    assert len(reserved) >= 16 and ours <= reserved | {"--data-parallel-size"}
+    parallel = ("--data-parallel", "-dp", "--enable-expert", "-ep", "--nnodes", "-n", "--node-rank", "-r", "--master")
+    reserved = {f for f in RESERVED_FLAGS if f.startswith(parallel)}
+    assert len(reserved) >= 22 and ours <= reserved | {"--data-parallel-size"}
     assert not (ours | reserved) - defined, f"vLLM {version} has no {sorted((ours | reserved) - defined)}"
     assert "Non-MoE models do not support external data parallel mode" in source
 

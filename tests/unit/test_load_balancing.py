@@ -15,7 +15,7 @@ import pytest
 
 from specwake.errors import ScenarioError
 from specwake.prepare.overlay import Overlay
-from specwake.prepare.plan import DP_RPC_PORT_UNSET, build_server_command, build_server_env
+from specwake.prepare.plan import PORT_UNSET, build_server_command, build_server_env
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant, overlay_under_ray, plan_servers, plan_variant
 from specwake.results import StageResult
@@ -60,7 +60,7 @@ def test_external_balancing_starts_each_server_as_its_rank_of_one_group(tmp_path
         argv = argv_of(s, rank)
         assert flag(argv, "--data-parallel-size") == "2" and flag(argv, "--data-parallel-rank") == str(rank)
         assert flag(argv, "--data-parallel-address") == "127.0.0.1"
-        assert flag(argv, "--data-parallel-rpc-port") == str(DP_RPC_PORT_UNSET)
+        assert flag(argv, "--data-parallel-rpc-port") == str(PORT_UNSET)
     env, added = build_server_env(s, s.variants[0], base_env={}, pythonpath=["/src"], is_gpu=False, cpu_ids=[0, 1],
                                   cores=(1,))  # fmt: skip
     # in a data-parallel group: the multiprocessing executor, its worker bound to the server's own core
@@ -81,7 +81,7 @@ def test_each_server_takes_its_own_share_of_the_variants_cores_and_the_groups_po
     prep = _prepared(s)
     plans = [plan_variant(s, prep, 0, (), (0, 1), r) for r in (0, 1)]
     assert [p.cores for p in plans] == [(0,), (1,)]
-    launched = [p.with_port(4000 + r, 5000) for r, p in enumerate(plans)]
+    launched = [p.with_port(4000 + r, {"--data-parallel-rpc-port": 5000}) for r, p in enumerate(plans)]
     assert [flag(p.argv, "--port") for p in launched] == ["4000", "4001"]
     assert {flag(p.argv, "--data-parallel-rpc-port") for p in launched} == {"5000"}  # one group, one meeting port
 
@@ -197,18 +197,19 @@ def test_the_head_serves_and_each_other_node_runs_its_share_of_the_engines_headl
     s = nodes(tmp_path)
     head, other = plan_servers(s, _prepared(s))
     assert s.server.ranks == 2  # this machine runs the head's two engines; the other node's are not its devices
-    for plan in (head, other):
-        assert flag(plan.argv, "--data-parallel-size") == "4" and flag(plan.argv, "--data-parallel-size-local") == "2"
-        assert flag(plan.argv, "--data-parallel-address") == "10.0.0.1"
-    assert "--headless" not in head.argv and head.launch == []
-    assert "--headless" in other.argv and flag(other.argv, "--data-parallel-start-rank") == "2"
+    for plan in (head, other):  # vLLM infers each node's engines and their ranks from these (arg_utils.py)
+        assert flag(plan.argv, "--data-parallel-size") == "4" and flag(plan.argv, "--nnodes") == "2"
+        assert flag(plan.argv, "--master-addr") == "10.0.0.1"
+    assert "--headless" not in head.argv and head.launch == [] and flag(head.argv, "--node-rank") == "0"
+    assert "--headless" in other.argv and flag(other.argv, "--node-rank") == "1"
     ssh, tt, host, command = other.launch
     assert (ssh, tt, host) == ("ssh", "-tt", "gpu-1")
     words = shlex.split(command)  # one shell string for ssh: the environment specwake sets, then the argv
     assert words[0] == "env" and f"PYTHONPATH={other.env_added['PYTHONPATH']}" in words
     assert words[words.index("env") + len(other.env_added) + 1 :] == other.argv
-    launched = other.with_port(0, 5555)
-    assert "--data-parallel-rpc-port 5555" in launched.launch[-1]  # the group's port, picked at launch, in the command
+    launched = other.with_port(0, {"--data-parallel-rpc-port": 5555, "--master-port": 5556})
+    # the group's ports, picked at launch, in the command
+    assert "--master-port 5556" in launched.launch[-1] and "--data-parallel-rpc-port 5555" in launched.launch[-1]
 
 
 def test_nodes_run_here_take_their_own_cores(tmp_path: Path) -> None:
@@ -221,11 +222,12 @@ def test_nodes_run_here_take_their_own_cores(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("server", "phrase"),
     [
-        ("data_parallel_size = 3\nnodes = 2\nnode_command = ['{argv}']\n", "a multiple of 2"),
+        ("data_parallel_size = 3\nnodes = 2\nnode_command = ['{argv}']\n", "= 3 ranks evenly"),
         ("data_parallel_size = 2\nnodes = 2\n", 'e.g. ["ssh", "-tt", "gpu-{node}", "{command}"]'),
         ("data_parallel_size = 2\nnodes = 2\nnode_command = ['ssh', 'gpu-1']\n", "nothing would run vLLM"),
         ("node_command = ['{argv}']\n", "only with nodes above 1"),
         ("args = ['--headless']\n", "use server.nodes"),
+        ("args = ['--node-rank=1']\n", "use server.nodes"),
     ],
 )
 def test_nodes_that_cannot_run_are_one_line_naming_the_key(tmp_path: Path, server: str, phrase: str) -> None:
