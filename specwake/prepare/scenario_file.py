@@ -41,7 +41,7 @@ RESERVED_FLAGS = {
     "-ep": "use server.enable_expert_parallel",
     **dict.fromkeys(
         ("--headless", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"), "use server.nodes"
-    ),  # fmt: skip
+    ),
     # one server per engine, each told its rank and where the group meets: server.load_balancing
     **dict.fromkeys(
         (
@@ -61,7 +61,7 @@ RESERVED_FLAGS = {
             "-dpp",
         ),
         "use server.load_balancing",
-    ),  # fmt: skip
+    ),
     "--enable-sleep-mode": "specwake enables sleep mode where the platform supports it",
 }
 

@@ -33,7 +33,6 @@ class Fanout:
 
     engines: int = 1
     folder: Path | None = None
-    servers: int = 1  # several: one engine each, engine i behind the client's server i (client.members)
 
     def results(
         self, client: VllmClient, method: str, *, timeout: float, kwargs: dict[str, Any] | None = None
@@ -41,7 +40,7 @@ class Fanout:
         """(every worker's answer, engine by engine and rank by rank; their engine indices, () for one engine)."""
         if self.engines == 1:
             return client.rpc_results(method, timeout=timeout, kwargs=kwargs), ()
-        if self.servers > 1 and isinstance(client, FannedClient):
+        if isinstance(client, FannedClient):  # several servers of one engine each: engine i is server i
             each = client.each_rpc(method, timeout=timeout, kwargs=kwargs)
             return [a for found in each for a in found], tuple(e for e, found in enumerate(each) for _ in found)
         if self.folder is None:

@@ -90,8 +90,7 @@ class VariantRun:
         self.ray = uses_ray(scenario, prep.variant)  # vLLM's Ray executor, on a cluster the user brings
         self.sync = SyncState() if self.push is not None and self.push.syncs else None
         # every data-parallel engine's workers behind one server answer through files beside the log (diagnose.Fanout)
-        server = scenario.server
-        self.fanout = diagnose.Fanout(server.data_parallel_size, log_path.with_suffix(".answers"), server.servers)
+        self.fanout = diagnose.Fanout(scenario.server.data_parallel_size, log_path.with_suffix(".answers"))
         self.phase = "startup"
         self.completed_phases = 0
         self.started = clock()
