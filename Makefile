@@ -46,12 +46,13 @@ check: install
 	$(BIN)/python -m pytest tests/unit -q
 
 # Every tier. What CI runs. Unit and component (fake engines and servers) on two workers, a test module to a worker
-# (its module-scoped runs made once); then e2e (real vLLM CPU servers, which use both cores themselves) on one. The
-# second runs even when the first fails; each prints its slowest tests.
+# (its module-scoped runs made once); then e2e (real vLLM CPU servers) on two: one makes the shared run (its servers
+# side by side on both cores) while the other takes the modules with real runs of their own (tests/e2e/conftest.py).
+# The second runs even when the first fails; each prints its slowest tests.
 test: install
 	status=0; \
 	$(BIN)/python -m pytest tests/unit tests/component -n 2 --dist loadscope --durations=30 || status=$$?; \
-	$(BIN)/python -m pytest tests/e2e --durations=30 || status=$$?; \
+	$(BIN)/python -m pytest tests/e2e -n 2 --dist loadgroup --durations=30 || status=$$?; \
 	exit $$status
 
 lint: install

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from specwake.report.columns import CSV_COLUMNS, StageView, csv_record
 from specwake.report.rows import stage_rows
 from specwake.results import ScenarioResult, to_dict
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STAGE_COLUMNS = CSV_COLUMNS  # stages.csv, in order: the CSV columns of report/columns.py
 
@@ -22,6 +24,8 @@ def render_json(results: Sequence[ScenarioResult]) -> str:
 
 def stages_frame(results: Sequence[ScenarioResult]) -> pd.DataFrame:
     """One row per scenario × variant × stage (stages by cycle), columns in STAGE_COLUMNS order."""
+    import pandas as pd  # here, not above: pandas takes ~0.6 s to import, and most commands write no CSV
+
     records = [csv_record(StageView(r, v, row)) for r in results for v in r.variants for row in stage_rows(v)]
     return pd.DataFrame.from_records(records, columns=list(STAGE_COLUMNS))
 

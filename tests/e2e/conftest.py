@@ -1,5 +1,9 @@
 """The end-to-end tier's shared real run (tests/helpers/shared_runs.py): one `specwake run` of the scenarios of every
-selected module marked `shared_run`, started by the first test that needs it and kept for the session."""
+selected module marked `shared_run`, started by the first test that needs it and kept for the session.
+
+Under pytest-xdist with `--dist loadgroup` (what `make test` runs, on two workers) every module is a group of its own
+and the shared run's modules one group: the shared run is made once, on one worker, while the other worker takes the
+modules that start real runs of their own (bisect, resume, the plugin, validation) one after the other."""
 
 from __future__ import annotations
 
@@ -12,6 +16,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{shared_runs.MARKER}(scenarios): the module's scenarios join the session's shared real run"
     )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The xdist groups: one for the shared run's modules, one per other module (its module-scoped runs made once)."""
+    for item in items:
+        shared = item.get_closest_marker(shared_runs.MARKER) is not None
+        item.add_marker(pytest.mark.xdist_group(shared_runs.MARKER if shared else item.module.__name__))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
