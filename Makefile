@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	@# the +cpu torch and then break `transformers`; vLLM's text models need none of them.
 	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(BIN)/python -c "import vllm, specwake; print('vllm', vllm.__version__, '| specwake', specwake.__version__)"
+	@# Bytecode for specwake and the tests' helpers, made once: where PYTHONDONTWRITEBYTECODE is set (CI), every
+	@# command and every fake server would otherwise compile them again (0.39 → 0.28 s per `specwake` start).
+	$(BIN)/python -m compileall -q specwake tests > /dev/null
 	touch $(STAMP)
 
 demo: install
@@ -52,7 +55,7 @@ check: install
 test: install
 	status=0; \
 	$(BIN)/python -m pytest tests/unit tests/component -n 2 --dist loadscope --durations=30 || status=$$?; \
-	$(BIN)/python -m pytest tests/e2e -n 2 --dist loadgroup --durations=30 || status=$$?; \
+	$(BIN)/python -m pytest tests/e2e -n 2 --dist loadscope --durations=30 || status=$$?; \
 	exit $$status
 
 lint: install

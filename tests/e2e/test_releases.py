@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import ast
 import difflib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from specwake.prepare.overlay import Overlay, build_overlay
-from specwake.prepare.plan import data_parallel_rank_flags
+from specwake.prepare.plan import DYNAMO_DISABLE, data_parallel_rank_flags
 from specwake.prepare.scenario_file import RESERVED_FLAGS
 from tests.helpers.paths import REPO
 from tests.helpers.releases import (
@@ -185,3 +188,27 @@ def test_rays_workers_get_no_pythonpath_from_the_server_before_they_import_vllm(
         assert "VLLM_" in copied and not any("PYTHONPATH".startswith(c) for c in copied), (version, copied)
         executor = (tree / "vllm" / "v1" / "executor" / "ray_executor.py").read_text()
         assert '"update_environment_variables"' in executor
+
+
+def test_an_eager_cpu_request_meets_a_helper_compiled_by_inductor_which_torch_compile_off_leaves_plain(release):
+    """specwake.prepare.plan.DYNAMO_DISABLE: the rank count every logprobs request calls is compiled with the
+    platform's simple backend, which CPU's platform keeps at the default, Inductor; torch reads its off switch from the
+    environment."""
+    version, tree = release
+    vllm = tree / "vllm"
+    logprobs = ast.parse((vllm / "v1" / "sample" / "ops" / "logprobs.py").read_text())
+    (helper,) = [n for n in logprobs.body if isinstance(n, ast.FunctionDef) and n.name == "batched_count_greater_than"]
+    decorators = [ast.unparse(d) for d in helper.decorator_list]
+    assert any(d.startswith("torch.compile(") and "simple_compile_backend" in d for d in decorators), decorators
+    assert "batched_count_greater_than(logprobs," in (vllm / "v1" / "sample" / "sampler.py").read_text()
+    assert 'simple_compile_backend: str = "inductor"' in (vllm / "platforms" / "interface.py").read_text()
+    assert "simple_compile_backend" not in (vllm / "platforms" / "cpu.py").read_text(), version
+    # the installed torch: under the switch, torch.compile hands the function back as it is (nothing to compile)
+    compiled = (
+        "import torch\nf = torch.compile(lambda x: x, backend='inductor')\n"
+        "print(hasattr(f, '_torchdynamo_orig_callable'))"
+    )
+    for value, wrapped in (("1", "False"), ("0", "True")):
+        env = {**os.environ, DYNAMO_DISABLE: value}
+        out = subprocess.run([sys.executable, "-c", compiled], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == wrapped, (value, out.stderr[-2000:])

@@ -1,5 +1,6 @@
 """Which executor a CPU server gets: the worker inside the engine core process at TP=1 (vLLM's V1 multiprocessing
-off), one worker process per rank otherwise; what overrides that; and the core binding only where it is read."""
+off), one worker process per rank otherwise; what overrides that; the core binding only where it is read; and
+torch.compile off for an eager CPU server."""
 
 from __future__ import annotations
 
@@ -7,17 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from specwake.prepare.plan import MULTIPROCESSING, build_server_env, cpu_executor
+from specwake.prepare.plan import DYNAMO_DISABLE, MULTIPROCESSING, build_server_env, cpu_executor
 from specwake.prepare.scenario import Scenario, load_scenario
 
 
-def scenario_with(tmp_path: Path, tp: int, env: str = "", variant_env: str = "") -> Scenario:
+def scenario_with(
+    tmp_path: Path, tp: int, env: str = "", variant_env: str = "", eager: str = "true", variant_args: str = ""
+) -> Scenario:
     path = tmp_path / "s.toml"
     path.write_text(
-        f'[server]\nmodel = "org/target"\ntensor_parallel_size = {tp}\nenforce_eager = true\n'
+        f'[server]\nmodel = "org/target"\ntensor_parallel_size = {tp}\nenforce_eager = {eager}\n'
         f"env = {{ {env} }}\n"
         '[speculative]\nmethod = "draft_model"\nmodel = "org/draft"\nnum_speculative_tokens = 3\n'
-        f"[variants.baseline]\nenv = {{ {variant_env} }}\n"
+        f"[variants.baseline]\nenv = {{ {variant_env} }}\nargs = [{variant_args}]\n"
     )
     return load_scenario(path)
 
@@ -75,7 +78,28 @@ def test_a_binding_of_the_scenarios_own_is_kept_whatever_the_executor(tmp_path: 
 def test_gpu_servers_are_left_as_vllm_starts_them(tmp_path: Path) -> None:
     scenario = scenario_with(tmp_path, tp=1)
     env, _ = build_server_env(scenario, scenario.variants[0], base_env={}, pythonpath=[], is_gpu=True, cpu_ids=[0])
-    assert MULTIPROCESSING not in env and "VLLM_CPU_OMP_THREADS_BIND" not in env
+    assert MULTIPROCESSING not in env and "VLLM_CPU_OMP_THREADS_BIND" not in env and DYNAMO_DISABLE not in env
+
+
+@pytest.mark.parametrize(
+    ("eager", "variant_args", "compiles"),
+    [("true", "", False), ("false", '"--enforce-eager"', False), ("false", "", True)],
+)
+def test_an_eager_cpu_server_compiles_nothing(tmp_path: Path, eager: str, variant_args: str, compiles: bool) -> None:
+    """vLLM compiles the model itself where it is not eager: that is left as it is."""
+    env, added = cpu_env(scenario_with(tmp_path, tp=2, eager=eager, variant_args=variant_args))
+    assert (DYNAMO_DISABLE not in env) == compiles
+    assert compiles or added[DYNAMO_DISABLE] == "1"
+
+
+@pytest.mark.parametrize("where", ["scenario", "variant", "caller"])
+def test_the_scenario_variant_or_caller_may_keep_torch_compile(tmp_path: Path, where: str) -> None:
+    setting = f'{DYNAMO_DISABLE} = "0"'
+    scenario = scenario_with(
+        tmp_path, tp=1, env=setting if where == "scenario" else "", variant_env=setting if where == "variant" else ""
+    )
+    env, _ = cpu_env(scenario, base={DYNAMO_DISABLE: "0"} if where == "caller" else {})
+    assert env[DYNAMO_DISABLE] == "0"
 
 
 @pytest.mark.parametrize(
