@@ -305,9 +305,9 @@ def build_server_env(
 
 
 def eager(scenario: Scenario, variant: Variant) -> bool:
-    """Whether the variant's server runs its model eagerly: `server.enforce_eager`, or `--enforce-eager` among its
-    arguments."""
-    return scenario.server.enforce_eager or "--enforce-eager" in [*scenario.server.args, *variant.args]
+    """Whether the variant's server runs its model eagerly: the scenario's server does, or the variant adds
+    `--enforce-eager`."""
+    return scenario.server.eager or "--enforce-eager" in variant.args
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -166,6 +166,11 @@ class ServerSection(_Strict):
         return self
 
     @property
+    def eager(self) -> bool:
+        """The model runs eagerly (no CUDA graphs, no torch.compile): `enforce_eager`, or `--enforce-eager` in args."""
+        return self.enforce_eager or "--enforce-eager" in self.args
+
+    @property
     def nodes_here(self) -> bool:
         """The other nodes' engines run on this machine (node_command runs their argv itself: a test of the layout)."""
         return NODE_ARGV in self.node_command
@@ -361,7 +366,7 @@ class ScenarioFile(_Strict):
             if key == "graph_safe":
                 if not isinstance(value, bool):
                     raise ValueError("expect.graph_safe: must be true or false")
-                if not value and not (self.server.enforce_eager or "--enforce-eager" in self.server.args):
+                if not value and not self.server.eager:
                     raise ValueError(
                         "expect.graph_safe: false is only for a scenario that never captures CUDA graphs"
                         " (server.enforce_eager = true): with graphs, a tensor the reload moves is read at its old"
