@@ -197,6 +197,10 @@ class ServerSection(_Strict):
 # decode step after it verifies a draft (vLLM counts the draft's accepted tokens even past max_tokens,
 # v1/core/sched/scheduler.py update_from_output). With max_tokens 1 no draft is ever made: AL cannot be measured.
 MIN_MAX_TOKENS = 2
+# max_tokens of a warmup request unless workload.warmup_tokens says otherwise: its steps choose the first bets of a
+# stage's early stop (a tiny pair's 16 tokens: 4 draft steps at AL 4.00, 15 at 1.00) and it runs every kernel a decode
+# step does; it is not measured, so tokens beyond that only cost time (a collapsed stage decodes them one by one).
+WARMUP_TOKENS = 16
 
 
 class WorkloadSection(_Strict):
@@ -207,17 +211,19 @@ class WorkloadSection(_Strict):
     # DEFAULT_MIN_REPEATS, or `repeats` where it is smaller. Equal to `repeats`: no early stop.
     min_repeats: int | None = Field(default=None, ge=1)
     warmup: int = Field(default=1, ge=0)
+    warmup_tokens: int | None = None  # max_tokens of a warmup request; None: WARMUP_TOKENS, at most max_tokens
     temperature: float = Field(default=0.0, ge=0)
     ignore_eos: bool = True
     request_timeout_s: float = Field(default=300, gt=0)
 
-    @field_validator("max_tokens")
+    @field_validator("max_tokens", "warmup_tokens")
     @classmethod
-    def _room_for_a_draft(cls, value: int) -> int:
-        if value < MIN_MAX_TOKENS:
+    def _room_for_a_draft(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value < MIN_MAX_TOKENS:
+            lost = "AL cannot be measured" if info.field_name == "max_tokens" else "the first bets have no step"
             raise ValueError(
                 f"must be at least {MIN_MAX_TOKENS}: the prefill makes the first token, so with {value} no decode step"
-                " verifies a draft and AL cannot be measured"
+                f" verifies a draft and {lost}"
             )
         return value
 
@@ -228,6 +234,11 @@ class WorkloadSection(_Strict):
         if value is not None and isinstance(repeats, int) and value > repeats:
             raise ValueError(f"must be at most workload.repeats ({repeats})")
         return value
+
+    @property
+    def warmup_max_tokens(self) -> int:
+        """max_tokens of each warmup request."""
+        return self.warmup_tokens if self.warmup_tokens is not None else min(WARMUP_TOKENS, self.max_tokens)
 
     @property
     def least_repeats(self) -> int:

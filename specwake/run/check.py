@@ -161,8 +161,8 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     lines = [
         "  measures:",
         f"    prompts: {len(scenario.prompts)} from {source}, first {_short(scenario.prompts[0])}",
-        f"    each stage: {w.warmup} warmup + {w.repeats} measured requests{early}, one at a time;"
-        f" max_tokens {w.max_tokens},"
+        f"    each stage: {w.warmup} warmup ({w.warmup_max_tokens} tokens) + {w.repeats} measured requests{early},"
+        f" one at a time; max_tokens {w.max_tokens},"
         f" temperature {w.temperature:g}, ignore_eos {str(w.ignore_eos).lower()},"
         f" request timeout {w.request_timeout_s:g} s",
         f"    stages: fresh, then after each of {c.count} cycle(s): {steps}{fill}; step timeout {c.step_timeout_s:g} s",

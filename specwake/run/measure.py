@@ -39,13 +39,15 @@ class Workload:
     request_timeout_s: float
     min_repeats: int = 2  # a stage that may stop early measures at least this many (workload.min_repeats)
     engines: int = 1  # data-parallel engines behind the server: request i goes to engine i mod engines
+    warmup_tokens: int | None = None  # max_tokens of a warmup request (workload.warmup_tokens); None: max_tokens
 
     @classmethod
     def of(cls, scenario: Scenario, model: str) -> Workload:
         """A scenario's [workload], sent to the served `model`."""
         w = scenario.workload
         return cls(model, scenario.prompts, w.max_tokens, w.repeats, w.warmup, w.temperature, w.ignore_eos,
-                   w.request_timeout_s, w.least_repeats, scenario.server.data_parallel_size)  # fmt: skip
+                   w.request_timeout_s, w.least_repeats, scenario.server.data_parallel_size,
+                   w.warmup_max_tokens)  # fmt: skip
 
     def prompt(self, i: int) -> str:
         """The prompt of request i of a stage (warmup and measured requests each start at the first)."""
@@ -281,7 +283,7 @@ def run_stage(
     first_probes = [_request(completer, workload, probe, 1, engine) for engine in workload.each_engine]
     controls = [_request(completer, workload, probe, 1, engine) for engine in workload.each_engine]
     warm_started = time.monotonic()
-    warm = [_request(completer, workload, workload.prompt(i), engine=engine)
+    warm = [_request(completer, workload, workload.prompt(i), workload.warmup_tokens, engine)
             for engine in workload.each_engine for i in range(workload.warmup)]  # fmt: skip
     warmup_seconds = time.monotonic() - warm_started
     sent = sum(c.completion_tokens for c in [*first_probes, *controls, *warm])

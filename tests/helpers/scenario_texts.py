@@ -123,4 +123,5 @@ BAD = [
     (MINIMAL + "[expect]\ngraph_safe = false\n", "expect.graph_safe", "server.enforce_eager = true"),
     (MINIMAL + "[expect]\ngraph_safe = 1\n", "expect.graph_safe", "true or false"),
     (MINIMAL + "[workload]\nmax_tokens = 1\n", "workload.max_tokens", "at least 2: the prefill makes the first"),
+    (MINIMAL + "[workload]\nwarmup_tokens = 1\n", "workload.warmup_tokens", "the first bets have no step"),
 ]

@@ -60,6 +60,18 @@ def test_a_collapsed_stage_stops_as_soon_as_both_lines_are_decided() -> None:
     assert after.outputs_match_fresh is True and after.outputs == fresh[0].outputs[:3]
 
 
+def test_a_short_warmup_costs_only_its_tokens_and_still_places_the_first_bets() -> None:
+    """A warmup of 16 tokens (the shipped default) instead of 128: the collapsed stage decides after the same 3
+    requests, and the server generated 112 tokens fewer."""
+    generated = []
+    for warmup_tokens in (None, 16):  # None: the warmup asks for max_tokens
+        server = MockVllm()
+        fresh, (after, _) = cycled(server, workload=replace(WORKLOAD, warmup_tokens=warmup_tokens))
+        assert after.requests == 3 and after.stopped.startswith("decided after 3 requests: AL below")
+        generated.append(server.model.counters[0].generation)
+    assert generated[0] - generated[1] == 128 - 16  # the cycled stage's warmup (both fresh stages asked for 128)
+
+
 def test_a_recovered_stage_stops_early_and_is_compared_with_the_fresh_stages_first_requests() -> None:
     server = MockVllm(reload_restores_draft=True)
     fresh, (after, completions) = cycled(server)

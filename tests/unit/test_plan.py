@@ -229,7 +229,7 @@ def test_check_shows_what_will_be_measured_and_decided_with_every_default(scenar
     prepared = [prepared_variant(scenario, "baseline", "emulated"), prepared_variant(scenario, "patched", "emulated")]
     text = "\n".join(measurement_plan(scenario, prepared))
     assert f"prompts: {len(scenario.prompts)} from builtin:mixed" in text
-    assert f"each stage: 1 warmup + {scenario.workload.repeats} measured requests" in text  # defaults, resolved
+    assert f"each stage: 1 warmup (16 tokens) + {scenario.workload.repeats} measured requests" in text  # defaults
     assert "max_tokens 256, temperature 0, ignore_eos true, request timeout 300 s" in text
     assert "after each of 2 cycle(s): L2: sleep → discard → wake_weights → reload_weights" in text
     assert "emulated discard fills zero" in text and "step timeout 300 s" in text

@@ -198,6 +198,14 @@ def test_a_sync_may_be_perturbed_and_partial_per_model(tmp_path: Path) -> None:
     assert s.settings()["variants"]["off"]["push_skip"] == ["draft:model.layers.1.*", "lm_head.weight"]
 
 
+def test_a_warmup_asks_for_16_tokens_unless_max_tokens_is_smaller_or_the_scenario_says(tmp_path: Path) -> None:
+    assert load_scenario(write(tmp_path, MINIMAL)).workload.warmup_max_tokens == 16
+    short = load_scenario(write(tmp_path, MINIMAL + "[workload]\nmax_tokens = 8\n", "short.toml"))
+    assert short.workload.warmup_max_tokens == 8
+    long = load_scenario(write(tmp_path, MINIMAL + "[workload]\nwarmup_tokens = 300\n", "long.toml"))
+    assert long.workload.warmup_max_tokens == 300  # more than max_tokens (256) when asked
+
+
 def test_min_repeats_defaults_to_two_or_repeats_and_may_not_exceed_repeats(tmp_path: Path) -> None:
     assert load_scenario(write(tmp_path, MINIMAL)).workload.least_repeats == 2
     one = load_scenario(write(tmp_path, MINIMAL + "[workload]\nrepeats = 1\n", "one.toml"))

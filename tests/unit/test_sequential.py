@@ -2,8 +2,9 @@
 rate and the requests it takes measured by a seeded simulation of draft steps.
 
 A simulated stage is the tiny pair's: K = 3, 128 tokens a request (127 decode steps / AL draft steps), one warmup
-request, then measured requests until both lines are decided (from MIN_REPEATS on) or REPEATS. The lines are the
-shipped ones for a fresh AL of 4.00: the recover bound 3.80 (tolerance 0.05) and the collapse line 1.05. Processes:
+request of the shipped length (WARMUP_TOKENS: 16 tokens), then measured requests until both lines are decided (from
+MIN_REPEATS on) or REPEATS. The lines are the shipped ones for a fresh AL of 4.00: the recover bound 3.80 (tolerance
+0.05) and the collapse line 1.05. Processes:
 
 - chain: every token of a step accepted with probability p until the first rejection (truncated at K), steps
   independent: the test's assumption, exactly;
@@ -39,6 +40,7 @@ from specwake.judge.sequential import (
     bets,
     histogram,
 )
+from specwake.prepare.scenario_file import WARMUP_TOKENS
 
 K = 3
 TOKENS = 128
@@ -63,8 +65,8 @@ def chain_p(al: float) -> float:
     return (low + high) / 2
 
 
-def steps_of(al: float) -> int:
-    return max(1, round((TOKENS - 1) / al))
+def steps_of(al: float, tokens: int = TOKENS) -> int:
+    return max(1, round((tokens - 1) / al))
 
 
 def chain_steps(rng: random.Random, p: float, steps: int) -> list[int]:
@@ -80,12 +82,12 @@ class Request:
     al: float  # the AL its own process had (what its counters estimate)
 
 
-Process = Callable[[random.Random], Request]
+Process = Callable[[random.Random, int], Request]  # a request of that many tokens
 
 
 def chain(al: float) -> Process:
     p = chain_p(al)
-    return lambda rng: Request(chain_steps(rng, p, steps_of(al)), al)
+    return lambda rng, tokens: Request(chain_steps(rng, p, steps_of(al, tokens)), al)
 
 
 def collapsing(al: float, normal: float) -> Process:
@@ -94,8 +96,8 @@ def collapsing(al: float, normal: float) -> Process:
     q = (gain - (al - 1.0) * steps) / (gain - (al - 1.0) * steps + (al - 1.0) * steps_of(1.0))
     normal_request = chain(normal)
 
-    def draw(rng: random.Random) -> Request:
-        return Request([steps_of(1.0), 0, 0, 0], 1.0) if rng.random() < q else normal_request(rng)
+    def draw(rng: random.Random, tokens: int) -> Request:
+        return Request([steps_of(1.0, tokens), 0, 0, 0], 1.0) if rng.random() < q else normal_request(rng, tokens)
 
     return draw
 
@@ -103,9 +105,9 @@ def collapsing(al: float, normal: float) -> Process:
 def per_request_rate(al: float, sd: float = 0.05) -> Process:
     p0 = chain_p(al)
 
-    def draw(rng: random.Random) -> Request:
+    def draw(rng: random.Random, tokens: int) -> Request:
         p = min(1.0, max(0.0, rng.gauss(p0, sd)))
-        return Request(chain_steps(rng, p, steps_of(chain_al(p))), chain_al(p))
+        return Request(chain_steps(rng, p, steps_of(chain_al(p), tokens)), chain_al(p))
 
     return draw
 
@@ -115,9 +117,9 @@ def stretches(al: float, switch: float = 0.1) -> Process:
     easy_al = min(K + 1.0, 2.0 * al - 1.0)
     easy, hard = chain_p(easy_al), chain_p(2.0 * al - easy_al)
 
-    def draw(rng: random.Random) -> Request:
+    def draw(rng: random.Random, tokens: int) -> Request:
         counts, state = [0] * (K + 1), rng.random() < 0.5
-        for _ in range(steps_of(al)):
+        for _ in range(steps_of(al, tokens)):
             if rng.random() < switch:
                 state = not state
             p, accepted = (easy if state else hard), 0
@@ -147,15 +149,17 @@ def stage(
     repeats: int = REPEATS,
     least: int = MIN_REPEATS,
     warmup: int = 1,
+    tokens: int = TOKENS,
+    warmup_tokens: int = WARMUP_TOKENS,
     lines: tuple[tuple[str, float], ...] = LINES,
 ) -> tuple[AcceptanceTest, list[Request]]:
     """One simulated stage after a cycle, stopped as specwake.run.measure stops it."""
     test = acceptance_test(lines)
     for _ in range(warmup):
-        test = test.warmed(process(rng).counts)
+        test = test.warmed(process(rng, warmup_tokens).counts)
     measured = []
     for n in range(1, repeats + 1):
-        measured.append(process(rng))
+        measured.append(process(rng, tokens))
         test = test.observe(measured[-1].counts)
         if n >= least and test.decided:
             break
@@ -220,7 +224,7 @@ def cell(rng: random.Random, name: str, process: Process, al: float, by_requests
         bad_overall += wrong(test, al)
         decided += test.decided
         requests += test.requests
-        full = measured + [process(rng) for _ in range(REPEATS - len(measured))]
+        full = measured + [process(rng, TOKENS) for _ in range(REPEATS - len(measured))]
         fixed_bad += any(side_of(counters_al(full), line) * side_of(al, line) < 0 for _, line in LINES)
     if any(math.isclose(al, line) for _, line in LINES):
         fixed_bad = -1  # on a line: the counters' AL has no wrong side
@@ -287,21 +291,24 @@ def test_a_process_far_from_both_lines_stops_at_min_repeats() -> None:
 # -- exact processes: the builtin tiny pairs -----------------------------------------------------------------------
 
 
-def exact(accepted: int, steps: int) -> Process:
-    counts = [steps if j == accepted else 0 for j in range(K + 1)]
-    return lambda rng: Request(list(counts), 1.0 + accepted)
+def exact(accepted: int) -> Process:
+    """Every step accepts `accepted` tokens: a request of n tokens takes (n − 1) / (accepted + 1) steps."""
+    return lambda rng, tokens: Request(
+        [steps_of(1.0 + accepted, tokens) if j == accepted else 0 for j in range(K + 1)], 1.0 + accepted
+    )
 
 
-@pytest.mark.parametrize("steps", [32, 128])
-def test_every_step_accepting_k_stops_within_three_requests(steps: int) -> None:
-    test, _ = stage(random.Random(0), exact(K, steps))
+@pytest.mark.parametrize("tokens", [128, 512])  # 32 and 128 steps a request
+def test_every_step_accepting_k_stops_within_three_requests(tokens: int) -> None:
+    test, _ = stage(random.Random(0), exact(K), tokens=tokens)
+    steps = steps_of(K + 1.0, tokens)
     print(f"\nevery step accepts K, {steps} steps a request: {test.requests} requests, {test.reason()}")
     assert test.decided and test.requests <= 3
     assert [line.side for line in test.lines] == [ABOVE, ABOVE]
 
 
 def test_every_step_accepting_none_stops_within_three_requests_at_the_collapsed_tiny_pairs_length() -> None:
-    test, _ = stage(random.Random(0), exact(0, steps_of(1.0)))  # 127 steps: AL 1 over 128 tokens
+    test, _ = stage(random.Random(0), exact(0))  # 127 steps: AL 1 over 128 tokens
     print(f"\nno step accepts, {steps_of(1.0)} steps a request: {test.requests} requests, {test.reason()}")
     assert test.decided and test.requests <= 3
     assert [line.side for line in test.lines] == [BELOW, BELOW]
@@ -313,14 +320,14 @@ def test_too_few_steps_never_decide_the_collapse_line() -> None:
     cap."""
     m = (COLLAPSE - 1.0) / K
     assert (1.0 - m) ** (REPEATS * 32) > ALPHA / SPLIT
-    test, _ = stage(random.Random(0), exact(0, 32))
+    test, _ = stage(random.Random(0), exact(0), tokens=33)  # 32 steps
     assert test.requests == REPEATS and test.lines[1].side is None and test.lines[0].side == BELOW
     need = math.ceil(math.log(SPLIT / ALPHA) / -math.log(1.0 - m))
     print(f"\nno step accepts, 32 steps a request: undecided after {REPEATS}; any valid test needs ≥ {need} steps")
 
 
 def test_without_warmup_the_first_request_bets_nothing() -> None:
-    test, _ = stage(random.Random(0), exact(K, 32), warmup=0)
+    test, _ = stage(random.Random(0), exact(K), warmup=0)
     assert test.requests == 4  # one request later than with the warmup's steps to bet on
 
 
