@@ -88,6 +88,7 @@ class Run:
     startup: list[dict[str, float]] = field(default_factory=list)  # per server: segment → seconds
     servers: list[ServerSpec] = field(default_factory=list)  # the run's servers, as its results recorded them
     floor: float | None = None  # wall time of the same servers started, made ready and stopped, nothing else
+    floor_cpu: float | None = None  # busy core-seconds of the whole machine during the floor
 
 
 def startup_breakdown(log: Path, startup_s: float) -> dict[str, float] | None:
@@ -203,7 +204,9 @@ def one_run(pair: int, mode: str, scenarios: Sequence[str], flags: list[str], en
     if not run.outcomes:
         print(f"  {mode}{pair}: no result (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     elif run.servers:
+        before = busy_seconds()
         run.floor = floor_seconds(run.servers, side_by_side="--sequential" not in flags)
+        run.floor_cpu = busy_seconds() - before
     return run
 
 
@@ -230,11 +233,18 @@ def report(runs: list[Run], labels: dict[str, str]) -> None:
         cpus = [r.cpu for r in by[mode]]
         print(f"{mode}: wall s {spread(walls)}; busy core-s {spread(cpus)}")
     print(f"wall B/A per pair: {spread(ratios)}")
+    cores = os.cpu_count() or 1
     for mode in ("A", "B"):  # how close each mode comes to the cost of starting its servers and nothing else
         print(f"{mode}: wall / startup floor per run: {spread([r.wall / r.floor for r in by[mode] if r.floor])}")
+    # The run's CPU work over the floor's: where the floor keeps every core busy, no schedule of the run's work brings
+    # wall / floor below this; what is left above it is work (measurement), not waiting.
+    for mode in ("A", "B"):
+        works = [r.cpu / r.floor_cpu for r in by[mode] if r.floor_cpu]
+        busy = [r.floor_cpu / cores / r.floor for r in by[mode] if r.floor_cpu and r.floor]
+        print(f"{mode}: busy core-s / the floor's per run: {spread(works)}; the floor's {cores} cores were busy"
+              f" {spread(busy)} of its time")  # fmt: skip
     # However B schedules its servers, it cannot finish before its CPU work is done on every core at once (a CPU-work
     # floor, not the startup floor above).
-    cores = os.cpu_count() or 1
     floors = [b.cpu / cores / a.wall for a, b in zip(by["A"], by["B"], strict=False)]
     print(f"B/A floor per pair (B's busy core-s / {cores} cores / A's wall): {spread(floors)}")
     verdicts = {json.dumps(r.outcomes, sort_keys=True) for r in runs}

@@ -66,6 +66,12 @@ ENV_ALLOW_PREFIXES = (
 # off ("0") a TP=1 server keeps the single-process ("uni") executor, the worker inside the engine core process
 # (vllm/platforms/cpu.py, 0.32). TP>1 always gets one worker process per rank.
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
+# vLLM's executor flag. With data parallelism vLLM picks the multiprocessing executor whatever the ranks per engine
+# (world_size_across_dp > 1, vllm/config/parallel.py): on CPU each engine of one rank is told "uni" as well, so that
+# its worker runs inside its engine core, as a TP=1 server's does (measured on the tiny DP pair, 2 cores: startup
+# 56-58 s → 42-49 s a variant, the same engine outcomes). vLLM starts one-process engines side by side itself
+# (vllm/v1/engine/utils.py, _configure_uniproc_startup_threads).
+EXECUTOR_FLAG = "--distributed-executor-backend"
 # torch.compile's off switch, read where torch.compile wraps a function (torch/_dynamo/eval_frame.py, `optimize`): the
 # function is handed back as it is. Even with the model eager, vLLM compiles a few helpers with the platform's
 # `simple_compile_backend`, Inductor on CPU (vllm/platforms/interface.py; cpu.py keeps it), and every measured request
@@ -135,12 +141,17 @@ def speculative_config(scenario: Scenario, draft_model: str | None) -> dict[str,
     return config
 
 
+def data_parallel(scenario: Scenario) -> bool:
+    """Whether a variant's engines form one data-parallel group (replicas are independent servers)."""
+    return scenario.server.data_parallel_size > 1 and scenario.server.load_balancing != "replicas"
+
+
 def model_flags(scenario: Scenario, is_gpu: bool) -> list[str]:
     """The flags from specwake's own [server] keys that shape the model: the server gets them, and `check` builds
     vLLM's configs from them."""
     server = scenario.server
     flags = ["--tensor-parallel-size", str(server.tensor_parallel_size), "--dtype", server.dtype]
-    if server.data_parallel_size > 1 and server.load_balancing != "replicas":  # replicas: independent servers
+    if data_parallel(scenario):
         flags += ["--data-parallel-size", str(server.data_parallel_size)]
     if server.nodes > 1:  # each node its share of the ranks, all meeting at the head (vllm/engine/arg_utils.py)
         flags += ["--nnodes", str(server.nodes), "--master-addr", server.head_address]
@@ -181,6 +192,8 @@ def build_server_command(
     else:
         argv = [python, "-m", SERVER_LAUNCHER, "--host", HOST, "--port", str(port), "--model", model]
     argv += model_flags(scenario, is_gpu)
+    if not is_gpu and data_parallel(scenario) and one_process_engines(scenario, variant):
+        argv += [EXECUTOR_FLAG, "uni"]
     if variant.speculative:
         spec = speculative_config(scenario, draft_model)
         argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
@@ -235,6 +248,17 @@ def cpu_thread_binding(tp: int, cpu_ids: Sequence[int], always: bool = False) ->
     return "|".join(ranges)
 
 
+def executor_chosen(scenario: Scenario, variant: Variant) -> bool:
+    """Whether the scenario's or the variant's args choose vLLM's executor themselves."""
+    return any(a == EXECUTOR_FLAG or a.startswith(f"{EXECUTOR_FLAG}=") for a in (*scenario.server.args, *variant.args))
+
+
+def one_process_engines(scenario: Scenario, variant: Variant) -> bool:
+    """Whether a CPU server's engines each run their worker inside their engine core process: one rank per engine,
+    and no executor chosen in the args (see MULTIPROCESSING, EXECUTOR_FLAG)."""
+    return scenario.server.tensor_parallel_size == 1 and not executor_chosen(scenario, variant)
+
+
 def cpu_executor(tp: int, env: Mapping[str, str]) -> str:
     """The executor vLLM's CPU platform picks for an engine with `tp` ranks and environment `env`: "uni" (the worker
     inside the engine core process) only at TP=1 with multiprocessing off, else "mp" (one worker process per rank).
@@ -271,10 +295,11 @@ def build_server_env(
     """(full child environment, the part specwake added). Scenario and variant env win over defaults, and so does
     the caller's own environment over specwake's CPU defaults.
 
-    On CPU a TP=1 server runs its worker inside the engine core process (multiprocessing off, see MULTIPROCESSING):
-    two processes import vLLM instead of three. The core binding is set only for the multiprocessing executor, the
-    only one that reads it; a single-process server is held to its cores by its affinity (ServerSpec.cpus). An eager
-    CPU server compiles nothing (DYNAMO_DISABLE)."""
+    On CPU every engine of one rank runs its worker inside its engine core process (multiprocessing off, see
+    MULTIPROCESSING; data-parallel ones also told so, EXECUTOR_FLAG): a TP=1 server's two processes import vLLM
+    instead of three, a data-parallel engine one process fewer. The core binding is set only for the multiprocessing
+    executor, the only one that reads it; a single-process server is held to its cores by its affinity
+    (ServerSpec.cpus). An eager CPU server compiles nothing (DYNAMO_DISABLE)."""
     env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
     added: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": ":".join(pythonpath)}
     if is_gpu:
@@ -285,11 +310,8 @@ def build_server_env(
         added["CUDA_DEVICE_ORDER"] = base_env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     else:
         added.setdefault("VLLM_CPU_KVCACHE_SPACE", env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        # A server of one rank outside a data-parallel group only: with data parallelism vLLM picks the
-        # multiprocessing executor (world_size_across_dp > 1, vllm/config/parallel.py), and each engine's worker is
-        # held to its own cores (VLLM_CPU_OMP_THREADS_BIND, one range per engine). Replicas are independent servers.
-        alone = scenario.server.load_balancing == "replicas" or scenario.server.data_parallel_size == 1
-        if alone and scenario.server.server_ranks == 1 and MULTIPROCESSING not in env:
+        # Every engine of one rank: data-parallel ones are told the executor too (build_server_command).
+        if one_process_engines(scenario, variant) and MULTIPROCESSING not in env:
             added[MULTIPROCESSING] = "0"
         if eager(scenario, variant) and DYNAMO_DISABLE not in env:
             added[DYNAMO_DISABLE] = "1"

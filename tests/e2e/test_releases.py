@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from specwake.prepare.overlay import Overlay, build_overlay
-from specwake.prepare.plan import DYNAMO_DISABLE, data_parallel_rank_flags
+from specwake.prepare.plan import DYNAMO_DISABLE, EXECUTOR_FLAG, data_parallel_rank_flags
 from specwake.prepare.scenario_file import RESERVED_FLAGS
 from tests.helpers.paths import REPO
 from tests.helpers.releases import (
@@ -212,3 +212,23 @@ def test_an_eager_cpu_request_meets_a_helper_compiled_by_inductor_which_torch_co
         env = {**os.environ, DYNAMO_DISABLE: value}
         out = subprocess.run([sys.executable, "-c", compiled], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == wrapped, (value, out.stderr[-2000:])
+
+
+def test_a_data_parallel_group_gets_worker_processes_unless_told_uni_which_engines_side_by_side_may_run(release):
+    """specwake.prepare.plan.EXECUTOR_FLAG: the release picks the multiprocessing executor for any data-parallel group
+    (world_size_across_dp, whatever the ranks per engine), accepts "uni" from the flag, starts one-process engines
+    side by side itself, and its CPU platform turns "uni" into "mp" only with V1 multiprocessing on."""
+    version, tree = release
+    vllm = tree / "vllm"
+    parallel = (vllm / "config" / "parallel.py").read_text()
+    picks = parallel.index("if self.distributed_executor_backend is None and self.world_size_across_dp > 1:")
+    assert 'backend: DistributedExecutorBackend = "mp"' in parallel[picks : picks + 400], version
+    assert 'DistributedExecutorBackend = Literal["ray", "mp", "uni", "external_launcher"]' in parallel
+    engines = (vllm / "v1" / "engine" / "utils.py").read_text()
+    assert "with _configure_uniproc_startup_threads(executor_class, local_engine_count):" in engines
+    assert "or current_platform.is_cpu()" in engines  # on CPU it leaves the engines' threads as they are
+    cpu = (vllm / "platforms" / "cpu.py").read_text()
+    forced = cpu.index('os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "1"')
+    assert 'and parallel_config.distributed_executor_backend == "uni"' in cpu[forced : forced + 200]
+    assert 'parallel_config.distributed_executor_backend = "mp"' in cpu[forced : forced + 500]
+    assert f'"{EXECUTOR_FLAG}",' in (vllm / "engine" / "arg_utils.py").read_text()  # the server's own flag

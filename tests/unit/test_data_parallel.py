@@ -14,7 +14,7 @@ import pytest
 from specwake.errors import RequestFailed, ScenarioError
 from specwake.judge.verdict import engine_stages, worst
 from specwake.prepare.engine import EngineInfo
-from specwake.prepare.plan import build_server_command, build_server_env
+from specwake.prepare.plan import EXECUTOR_FLAG, MULTIPROCESSING, build_server_command, build_server_env
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant, platform_problem
 from specwake.report.explain import explain
@@ -46,21 +46,39 @@ def load(tmp_path: Path, text: str) -> Scenario:
 # -- the scenario and the server ---------------------------------------------------------------------------------------
 
 
-def test_a_dp_server_gets_its_flag_one_core_per_engine_and_a_worker_process_per_engine(tmp_path: Path) -> None:
+def command(s: Scenario, is_gpu: bool = False) -> list[str]:
+    return build_server_command(
+        s, s.variants[0], python="/py", port=1, model="/m", draft_model="/d", sleep_mode=False, is_gpu=is_gpu
+    )
+
+
+def cpu_env(s: Scenario, cpu_ids: tuple[int, ...] = (0, 1)) -> dict[str, str]:
+    return build_server_env(s, s.variants[0], base_env={}, pythonpath=["/src"], is_gpu=False, cpu_ids=list(cpu_ids))[1]
+
+
+def test_a_dp_server_gets_its_flag_and_each_engine_of_one_rank_its_worker_inside_it_on_cpu(tmp_path: Path) -> None:
     s = load(tmp_path, DP2)
-    argv = build_server_command(
-        s, s.variants[0], python="/py", port=1, model="/m", draft_model="/d", sleep_mode=False, is_gpu=False
-    )
+    argv = command(s)
     assert argv[argv.index("--data-parallel-size") + 1] == "2" and "--enable-expert-parallel" not in argv
-    env, added = build_server_env(s, s.variants[0], base_env={}, pythonpath=["/src"], is_gpu=False, cpu_ids=[0, 1])
-    assert added["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"  # vLLM slices it by engine: engine d gets range d
-    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in added  # each engine's worker a process of its own, bound
+    # vLLM would pick a worker process per engine (world_size_across_dp > 1): told "uni", with multiprocessing off
+    assert argv[argv.index(EXECUTOR_FLAG) + 1] == "uni"
+    added = cpu_env(s)
+    assert added[MULTIPROCESSING] == "0" and "VLLM_CPU_OMP_THREADS_BIND" not in added  # read by "mp" only
+    assert EXECUTOR_FLAG not in command(s, is_gpu=True)  # a GPU server is started as vLLM starts it
     one = load(tmp_path, MINIMAL)
-    _, alone = build_server_env(one, one.variants[0], base_env={}, pythonpath=["/src"], is_gpu=False, cpu_ids=[0, 1])
-    assert alone["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and "--data-parallel-size" not in build_server_command(
-        one, one.variants[0], python="/py", port=1, model="/m", draft_model="/d", sleep_mode=False, is_gpu=False
-    )
+    assert cpu_env(one)[MULTIPROCESSING] == "0"
+    assert "--data-parallel-size" not in command(one) and EXECUTOR_FLAG not in command(one)  # world size 1: uni
     assert s.server.ranks == 2 and one.server.ranks == 1
+
+
+def test_dp_engines_of_several_ranks_or_an_executor_of_the_scenarios_keep_worker_processes(tmp_path: Path) -> None:
+    tp2 = load(tmp_path, DP2.replace("[server]\n", "[server]\ntensor_parallel_size = 2\n"))
+    assert EXECUTOR_FLAG not in command(tp2)
+    four = cpu_env(tp2, (0, 1, 2, 3))
+    assert MULTIPROCESSING not in four and four["VLLM_CPU_OMP_THREADS_BIND"] == "0|1|2|3"  # a core per rank
+    chosen = load(tmp_path, DP2.replace("[server]\n", "[server]\nargs = ['--distributed-executor-backend', 'mp']\n"))
+    assert command(chosen).count(EXECUTOR_FLAG) == 1 and command(chosen)[-1] == "mp"  # theirs, once
+    assert MULTIPROCESSING not in cpu_env(chosen) and cpu_env(chosen)["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
 
 
 def test_a_machine_with_fewer_gpus_than_engines_times_ranks_is_refused(tmp_path: Path) -> None:

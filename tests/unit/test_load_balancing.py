@@ -61,10 +61,12 @@ def test_external_balancing_starts_each_server_as_its_rank_of_one_group(tmp_path
         assert flag(argv, "--data-parallel-size") == "2" and flag(argv, "--data-parallel-rank") == str(rank)
         assert flag(argv, "--data-parallel-address") == "127.0.0.1"
         assert flag(argv, "--data-parallel-rpc-port") == str(PORT_UNSET)
+        # in a data-parallel group vLLM would pick a worker process: the engine's single rank is told "uni"
+        assert flag(argv, "--distributed-executor-backend") == "uni"
     env, added = build_server_env(s, s.variants[0], base_env={}, pythonpath=["/src"], is_gpu=False, cpu_ids=[0, 1],
                                   cores=(1,))  # fmt: skip
-    # in a data-parallel group: the multiprocessing executor, its worker bound to the server's own core
-    assert added["VLLM_CPU_OMP_THREADS_BIND"] == "1" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in added
+    # the worker inside the engine core, held to the server's own core by its affinity (the binding is read by "mp")
+    assert added["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and "VLLM_CPU_OMP_THREADS_BIND" not in added
 
 
 def test_replicas_are_independent_servers_without_data_parallel_flags(tmp_path: Path) -> None:
