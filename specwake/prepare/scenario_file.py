@@ -1,4 +1,5 @@
-"""The scenario file's format: every TOML key, its type, default and check, as strict pydantic models.
+"""The scenario file's format: every TOML key, its type, default and check, as strict pydantic models (what the
+`args` and `env` tables may hold is checked by specwake.prepare.server_args).
 
 This is the one definition of what a scenario may say (docs/scenario-format.md documents it key by key, and
 tests/unit/test_docs.py checks that it does). specwake.prepare.scenario reads a file with these models and resolves it.
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from specwake.judge.expectations import EXPECTATIONS, Limits
 from specwake.judge.sequential import DEFAULT_MIN_REPEATS
+from specwake.prepare.server_args import args_is_list, env_values_are_strings, no_reserved_flags
 from specwake.protocol import RELOAD_KIND, RELOAD_KINDS, ROLES, ReloadKind, split_entry
 
 HOST = "127.0.0.1"
@@ -25,45 +27,6 @@ NODE_COMMAND, NODE_ARGV = "{command}", "{argv}"  # server.node_command's placeho
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 LIMIT_KEYS = {f.name for f in dataclasses.fields(Limits) if f.name != "graph_safe"}  # the numeric ones
-
-# Flags specwake sets itself; a scenario's `server.args` may not override them.
-RESERVED_FLAGS = {
-    "--host": "servers bind to 127.0.0.1 only",
-    "--port": "specwake picks a free port per server",
-    "--worker-extension-cls": "specwake's worker extension is required for info and discard",
-    "--speculative-config": "use the [speculative] table",
-    "--model": "use server.model",
-    "--tensor-parallel-size": "use server.tensor_parallel_size or --tp",
-    "-tp": "use server.tensor_parallel_size or --tp",
-    "--data-parallel-size": "use server.data_parallel_size",
-    "-dp": "use server.data_parallel_size",
-    "--enable-expert-parallel": "use server.enable_expert_parallel",
-    "-ep": "use server.enable_expert_parallel",
-    **dict.fromkeys(
-        ("--headless", "--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port"), "use server.nodes"
-    ),
-    # one server per engine, each told its rank and where the group meets: server.load_balancing
-    **dict.fromkeys(
-        (
-            "--data-parallel-rank",
-            "-dpn",
-            "--data-parallel-external-lb",
-            "-dpe",
-            "--data-parallel-hybrid-lb",
-            "-dph",
-            "--data-parallel-start-rank",
-            "-dpr",
-            "--data-parallel-size-local",
-            "-dpl",
-            "--data-parallel-address",
-            "-dpa",
-            "--data-parallel-rpc-port",
-            "-dpp",
-        ),
-        "use server.load_balancing",
-    ),
-    "--enable-sleep-mode": "specwake enables sleep mode where the platform supports it",
-}
 
 NO_DRAFT_MODEL = {"ngram", "suffix"}  # speculative methods without a drafter model: nothing to push or sync into
 
@@ -77,28 +40,6 @@ EXPECT_NUMBERS = {
     "max_wake_s": (0.0, math.inf),
 }
 POSITIVE = {"min_speedup_recovery", "max_wake_s"}
-
-
-def _args_is_list(value: Any) -> Any:
-    if isinstance(value, str):
-        raise ValueError('must be a list of strings, not one shell string (e.g. ["--seed", "0"])')
-    return value
-
-
-def _no_reserved_flags(value: list[str]) -> list[str]:
-    for arg in value:
-        flag = arg.split("=", 1)[0]
-        if flag in RESERVED_FLAGS:
-            raise ValueError(f"{flag!r} is set by specwake ({RESERVED_FLAGS[flag]})")
-    return value
-
-
-def _env_values_are_strings(value: Any) -> Any:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(item, str):
-                raise ValueError(f"value of {key!r} must be a string, got {type(item).__name__}")
-    return value
 
 
 class _Strict(BaseModel):
@@ -132,9 +73,9 @@ class ServerSection(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(default=900, gt=0)
 
-    _args_list = field_validator("args", mode="before")(_args_is_list)
-    _args_free = field_validator("args")(_no_reserved_flags)
-    _env = field_validator("env", mode="before")(_env_values_are_strings)
+    _args_list = field_validator("args", mode="before")(args_is_list)
+    _args_free = field_validator("args")(no_reserved_flags)
+    _env = field_validator("env", mode="before")(env_values_are_strings)
 
     @model_validator(mode="after")
     def _balancing_needs_engines(self) -> ServerSection:
@@ -331,9 +272,9 @@ class VariantSection(_Strict):
     # A partial push or sync: checkpoint tensor names (or globs) left out, with the same `draft:` / `target:` prefixes.
     push_skip: list[str] = Field(default_factory=list)
 
-    _args_list = field_validator("args", mode="before")(_args_is_list)
-    _args_free = field_validator("args")(_no_reserved_flags)
-    _env = field_validator("env", mode="before")(_env_values_are_strings)
+    _args_list = field_validator("args", mode="before")(args_is_list)
+    _args_free = field_validator("args")(no_reserved_flags)
+    _env = field_validator("env", mode="before")(env_values_are_strings)
     _push_to = field_validator("push_to")(_distinct)
     _push_scale = field_validator("push_scale")(_entries)
     _push_skip = field_validator("push_skip")(_entries)

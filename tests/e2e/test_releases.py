@@ -22,7 +22,7 @@ from packaging.version import Version
 
 from specwake.prepare.overlay import Overlay, build_overlay
 from specwake.prepare.plan import DYNAMO_DISABLE, EXECUTOR_FLAG, data_parallel_rank_flags
-from specwake.prepare.scenario_file import RESERVED_FLAGS
+from specwake.prepare.server_args import RESERVED_FLAGS
 from tests.helpers.paths import REPO
 from tests.helpers.releases import (
     DOWNLOAD_TIMEOUT_S,
