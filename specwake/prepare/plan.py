@@ -67,10 +67,11 @@ ENV_ALLOW_PREFIXES = (
 # (vllm/platforms/cpu.py, 0.32). TP>1 always gets one worker process per rank.
 MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # vLLM's executor flag. With data parallelism vLLM picks the multiprocessing executor whatever the ranks per engine
-# (world_size_across_dp > 1, vllm/config/parallel.py): on CPU each engine of one rank is told "uni" as well, so that
-# its worker runs inside its engine core, as a TP=1 server's does (measured on the tiny DP pair, 2 cores: startup
-# 56-58 s → 42-49 s a variant, the same engine outcomes). vLLM starts one-process engines side by side itself
-# (vllm/v1/engine/utils.py, _configure_uniproc_startup_threads).
+# (world_size_across_dp > 1, vllm/config/parallel.py): on CPU a server (or node) that holds one engine of one rank is
+# told "uni" as well, so that its worker runs inside its engine core, as a TP=1 server's does, held to its core by
+# the server's affinity. Several engines behind one server keep their worker processes: only the multiprocessing
+# executor binds each engine's threads to a core of its own (VLLM_CPU_OMP_THREADS_BIND); unbound, two engines on the
+# server's two cores measured 86 s instead of 12 s for the same stage under the test suite's load.
 EXECUTOR_FLAG = "--distributed-executor-backend"
 # torch.compile's off switch, read where torch.compile wraps a function (torch/_dynamo/eval_frame.py, `optimize`): the
 # function is handed back as it is. Even with the model eager, vLLM compiles a few helpers with the platform's
@@ -254,9 +255,9 @@ def executor_chosen(scenario: Scenario, variant: Variant) -> bool:
 
 
 def one_process_engines(scenario: Scenario, variant: Variant) -> bool:
-    """Whether a CPU server's engines each run their worker inside their engine core process: one rank per engine,
-    and no executor chosen in the args (see MULTIPROCESSING, EXECUTOR_FLAG)."""
-    return scenario.server.tensor_parallel_size == 1 and not executor_chosen(scenario, variant)
+    """Whether a CPU server runs its worker inside its engine core process: one engine of one rank per server (or
+    node), and no executor chosen in the args (see MULTIPROCESSING, EXECUTOR_FLAG)."""
+    return scenario.server.server_ranks == 1 and not executor_chosen(scenario, variant)
 
 
 def cpu_executor(tp: int, env: Mapping[str, str]) -> str:
@@ -295,9 +296,9 @@ def build_server_env(
     """(full child environment, the part specwake added). Scenario and variant env win over defaults, and so does
     the caller's own environment over specwake's CPU defaults.
 
-    On CPU every engine of one rank runs its worker inside its engine core process (multiprocessing off, see
-    MULTIPROCESSING; data-parallel ones also told so, EXECUTOR_FLAG): a TP=1 server's two processes import vLLM
-    instead of three, a data-parallel engine one process fewer. The core binding is set only for the multiprocessing
+    On CPU a server of one engine of one rank runs its worker inside its engine core process (multiprocessing off,
+    see MULTIPROCESSING; a data-parallel one also told so, EXECUTOR_FLAG): two processes import vLLM instead of
+    three. The core binding is set only for the multiprocessing
     executor, the only one that reads it; a single-process server is held to its cores by its affinity
     (ServerSpec.cpus). An eager CPU server compiles nothing (DYNAMO_DISABLE)."""
     env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
@@ -310,7 +311,7 @@ def build_server_env(
         added["CUDA_DEVICE_ORDER"] = base_env.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     else:
         added.setdefault("VLLM_CPU_KVCACHE_SPACE", env.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-        # Every engine of one rank: data-parallel ones are told the executor too (build_server_command).
+        # A server of one engine of one rank: a data-parallel one is told the executor too (build_server_command).
         if one_process_engines(scenario, variant) and MULTIPROCESSING not in env:
             added[MULTIPROCESSING] = "0"
         if eager(scenario, variant) and DYNAMO_DISABLE not in env:

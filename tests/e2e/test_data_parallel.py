@@ -1,7 +1,8 @@
-"""End to end on real vLLM CPU: two data-parallel engines, each engine's worker inside its engine core process, behind
-one API server (scenarios/cpu/dp-draft-model.toml), each behind a server of its own balanced by specwake
+"""End to end on real vLLM CPU: two data-parallel engines, behind one API server, each engine's worker a process on a
+core of its own (scenarios/cpu/dp-draft-model.toml), each behind a server of its own balanced by specwake
 (scenarios/cpu/dp-external-deepseek-mtp.toml, vLLM's external load balancing), and across two nodes laid out on this
-machine, the other node's engine headless (scenarios/cpu/dp-nodes-draft-model.toml). Every engine is slept,
+machine, the other node's engine headless (scenarios/cpu/dp-nodes-draft-model.toml); a server or node of one engine
+runs its worker inside its engine core. Every engine is slept,
 discarded, woken, reloaded and measured on its own requests, its AL read from vLLM's counters labelled by engine, its
 workers' fingerprints read from each server or, behind one server, through the answer folder (vLLM's /collective_rpc
 returns engine 0's alone). Stock vLLM collapses on both engines (one node), the reference fix recovers on both, and
@@ -67,7 +68,9 @@ def test_every_engine_is_measured_in_every_stage_and_its_workers_answer(
 ) -> None:
     v = variant(run, scenario, name)
     assert sorted(w["engine"] for w in v["info"]["workers"]) == [0, 1]  # specwake_info from both engines
-    assert [w["executor"] for w in v["info"]["workers"]] == ["uni", "uni"]  # told so: vLLM would start a process
+    # one engine a server or node: told "uni" (vLLM would start a process); two behind one: bound worker processes
+    executor = "mp" if scenario == INTERNAL else "uni"
+    assert [w["executor"] for w in v["info"]["workers"]] == [executor, executor]
     for stage in v["stages"]:
         engines = {e["engine"]: e for e in stage["engines"]}
         assert sorted(engines) == ["0", "1"] and all(

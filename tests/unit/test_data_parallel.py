@@ -56,29 +56,26 @@ def cpu_env(s: Scenario, cpu_ids: tuple[int, ...] = (0, 1)) -> dict[str, str]:
     return build_server_env(s, s.variants[0], base_env={}, pythonpath=["/src"], is_gpu=False, cpu_ids=list(cpu_ids))[1]
 
 
-def test_a_dp_server_gets_its_flag_and_each_engine_of_one_rank_its_worker_inside_it_on_cpu(tmp_path: Path) -> None:
+def test_a_dp_server_gets_its_flag_and_its_engines_worker_processes_each_bound_to_its_core(tmp_path: Path) -> None:
     s = load(tmp_path, DP2)
     argv = command(s)
     assert argv[argv.index("--data-parallel-size") + 1] == "2" and "--enable-expert-parallel" not in argv
-    # vLLM would pick a worker process per engine (world_size_across_dp > 1): told "uni", with multiprocessing off
-    assert argv[argv.index(EXECUTOR_FLAG) + 1] == "uni"
+    # two engines share the server's cores: only the multiprocessing executor binds each to a core of its own
+    assert EXECUTOR_FLAG not in argv
     added = cpu_env(s)
-    assert added[MULTIPROCESSING] == "0" and "VLLM_CPU_OMP_THREADS_BIND" not in added  # read by "mp" only
-    assert EXECUTOR_FLAG not in command(s, is_gpu=True)  # a GPU server is started as vLLM starts it
+    assert added["VLLM_CPU_OMP_THREADS_BIND"] == "0|1" and MULTIPROCESSING not in added  # vLLM: engine d, range d
     one = load(tmp_path, MINIMAL)
-    assert cpu_env(one)[MULTIPROCESSING] == "0"
+    assert cpu_env(one)[MULTIPROCESSING] == "0"  # one engine of one rank: its worker inside its engine core
     assert "--data-parallel-size" not in command(one) and EXECUTOR_FLAG not in command(one)  # world size 1: uni
     assert s.server.ranks == 2 and one.server.ranks == 1
 
 
-def test_dp_engines_of_several_ranks_or_an_executor_of_the_scenarios_keep_worker_processes(tmp_path: Path) -> None:
-    tp2 = load(tmp_path, DP2.replace("[server]\n", "[server]\ntensor_parallel_size = 2\n"))
-    assert EXECUTOR_FLAG not in command(tp2)
-    four = cpu_env(tp2, (0, 1, 2, 3))
-    assert MULTIPROCESSING not in four and four["VLLM_CPU_OMP_THREADS_BIND"] == "0|1|2|3"  # a core per rank
-    chosen = load(tmp_path, DP2.replace("[server]\n", "[server]\nargs = ['--distributed-executor-backend', 'mp']\n"))
+def test_an_executor_of_the_scenarios_own_is_left_to_it(tmp_path: Path) -> None:
+    chosen = load(
+        tmp_path, MINIMAL.replace("[server]\n", "[server]\nargs = ['--distributed-executor-backend', 'mp']\n")
+    )
     assert command(chosen).count(EXECUTOR_FLAG) == 1 and command(chosen)[-1] == "mp"  # theirs, once
-    assert MULTIPROCESSING not in cpu_env(chosen) and cpu_env(chosen)["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert MULTIPROCESSING not in cpu_env(chosen)  # vLLM's CPU platform decides, as without specwake
 
 
 def test_a_machine_with_fewer_gpus_than_engines_times_ranks_is_refused(tmp_path: Path) -> None:

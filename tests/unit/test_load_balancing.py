@@ -219,6 +219,14 @@ def test_nodes_run_here_take_their_own_cores(tmp_path: Path) -> None:
     assert s.server.ranks == 4 and s.server.server_ranks == 2
     head, other = plan_servers(s, _prepared(s), cores=(0, 1, 2, 3))
     assert (head.cores, other.cores) == ((0, 1), (2, 3)) and other.launch == other.argv
+    # two engines a node share its cores: worker processes, each engine's bound to its own (CPU, this machine)
+    assert flag(head.argv, "--distributed-executor-backend") is None
+    path = tmp_path / "two.toml"
+    path.write_text(s.file.read_text().replace("data_parallel_size = 4", "data_parallel_size = 2"))
+    one = load_scenario(path)
+    head, other = plan_servers(one, _prepared(one), cores=(0, 1))
+    assert one.server.server_ranks == 1  # one engine a node: its worker inside its engine core, on the node's core
+    assert [flag(p.argv, "--distributed-executor-backend") for p in (head, other)] == ["uni", "uni"]
 
 
 @pytest.mark.parametrize(
