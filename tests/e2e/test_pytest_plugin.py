@@ -51,7 +51,9 @@ def test_stock_vllm_and_the_fix_pass_as_items(session: dict[str, Any]) -> None:
 def test_each_items_time_is_its_variants(session: dict[str, Any]) -> None:
     [run] = session["out"].iterdir()
     for variant in load_result(run).variants:
-        assert abs(float(session["cases"][variant.name].get("time")) - variant.seconds) < 0.01
+        # JUnit adds the item's setup and teardown, pytest's own few ms (17 ms seen under the suite's load); the run
+        # of the whole scenario, which the first item waited for, is a minute more
+        assert abs(float(session["cases"][variant.name].get("time")) - variant.seconds) < 0.5
 
 
 def test_pytests_junit_carries_the_figures(session: dict[str, Any]) -> None:
