@@ -298,9 +298,9 @@ def build_server_env(
 
     On CPU a server of one engine of one rank runs its worker inside its engine core process (multiprocessing off,
     see MULTIPROCESSING; a data-parallel one also told so, EXECUTOR_FLAG): two processes import vLLM instead of
-    three. The core binding is set only for the multiprocessing
-    executor, the only one that reads it; a single-process server is held to its cores by its affinity
-    (ServerSpec.cpus). An eager CPU server compiles nothing (DYNAMO_DISABLE)."""
+    three. The core binding is set only for the multiprocessing executor, the only one that reads it; a
+    single-process server is held to its cores by its affinity (ServerSpec.cpus). An eager CPU server compiles
+    nothing (DYNAMO_DISABLE)."""
     env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
     added: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": ":".join(pythonpath)}
     if is_gpu:
