@@ -249,9 +249,20 @@ def cpu_thread_binding(tp: int, cpu_ids: Sequence[int], always: bool = False) ->
     return "|".join(ranges)
 
 
+def executors_asked(args: Sequence[str]) -> list[str]:
+    """The executors `args` name with EXECUTOR_FLAG, in either spelling (`FLAG NAME`, `FLAG=NAME`)."""
+    pairs = zip(args, [*args[1:], ""], strict=False)
+    named = f"{EXECUTOR_FLAG}="
+    return [
+        a.removeprefix(named) if a.startswith(named) else b
+        for a, b in pairs
+        if a == EXECUTOR_FLAG or a.startswith(named)
+    ]
+
+
 def executor_chosen(scenario: Scenario, variant: Variant) -> bool:
     """Whether the scenario's or the variant's args choose vLLM's executor themselves."""
-    return any(a == EXECUTOR_FLAG or a.startswith(f"{EXECUTOR_FLAG}=") for a in (*scenario.server.args, *variant.args))
+    return bool(executors_asked(scenario.server.args) or executors_asked(variant.args))
 
 
 def one_process_engines(scenario: Scenario, variant: Variant) -> bool:

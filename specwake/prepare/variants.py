@@ -18,7 +18,14 @@ from specwake.prepare.engine import EngineInfo, probe_engine, resolve_python
 from specwake.prepare.hub import local_config
 from specwake.prepare.models import is_builtin, resolve_model_ref
 from specwake.prepare.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
-from specwake.prepare.plan import VariantPlan, build_server_command, build_server_env, node_launch, resolve_discard
+from specwake.prepare.plan import (
+    VariantPlan,
+    build_server_command,
+    build_server_env,
+    executors_asked,
+    node_launch,
+    resolve_discard,
+)
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.prepare.validate import validate_variants
 
@@ -84,19 +91,11 @@ def chunked_draft_sync(scenario: Scenario, variant: Variant) -> str | None:
     return WHOLE_CHECKPOINT_LOADS.get(str(scenario.speculative.get("method"))) if syncs_draft else None
 
 
-RAY_FLAG = "--distributed-executor-backend"
-
-
 def uses_ray(scenario: Scenario, variant: Variant | None = None) -> bool:
     """Whether the server or a variant (`variant`, where given) asks for vLLM's Ray executor
     (`--distributed-executor-backend ray`)."""
     variants = scenario.variants if variant is None else [variant]
-    return any(_asks_ray(args) for args in (scenario.server.args, *(v.args for v in variants)))
-
-
-def _asks_ray(args: Sequence[str]) -> bool:
-    pairs = zip(args, [*args[1:], ""], strict=False)
-    return any(a == f"{RAY_FLAG}=ray" or (a == RAY_FLAG and b == "ray") for a, b in pairs)
+    return any("ray" in executors_asked(args) for args in (scenario.server.args, *(v.args for v in variants)))
 
 
 def overlay_under_ray(scenario: Scenario, prep: PreparedVariant) -> str | None:
