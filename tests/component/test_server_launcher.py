@@ -1,7 +1,9 @@
 """specwake's server launcher (specwake/worker/serve.py) against the way vLLM runs it: a package laid out like vLLM,
-whose `vllm.entrypoints.openai.api_server` starts a child with multiprocessing's spawn, as vLLM's CPU platform starts
-the engine core. Run as `-m` the server module is imported again in the child; through the launcher it is not, and the
-module still runs as the program with its own arguments.
+whose `vllm.entrypoints.openai.api_server` checks its config with a CPU platform that sets spawn over the environment's
+start method (as vllm/platforms/cpu.py does), then starts its engine core with the start method the environment names
+then. Run as `-m` the server module is imported again by a spawned child; through the launcher it is not, and the
+module still runs as the program with its own arguments. Through the launcher a start method the environment asks for
+stands; without the launcher the platform's spawn wins.
 """
 
 from __future__ import annotations
@@ -13,17 +15,23 @@ from pathlib import Path
 
 import pytest
 
+from specwake.prepare.plan import START_METHOD
 from tests.helpers.paths import REPO
 
 SERVER = """
 import multiprocessing
+import os
 import sys
 
 from vllm.engine_core import run_engine_core
+from vllm.platforms.cpu import CpuPlatform
 
 print("server argv:", sys.argv[1:], flush=True)
 if __name__ == "__main__":
-    context = multiprocessing.get_context("spawn")
+    CpuPlatform().check_and_update_config(None)
+    method = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
+    print("engine core started by:", method, flush=True)
+    context = multiprocessing.get_context(method)
     answers = context.Queue()
     child = context.Process(target=run_engine_core, args=(answers,))
     child.start()
@@ -40,6 +48,16 @@ def run_engine_core(answers):
                 and getattr(sys.modules["__mp_main__"], "__file__", "").endswith("api_server.py"))
 """
 
+PLATFORM = """
+import os
+
+
+class CpuPlatform:
+    @classmethod
+    def check_and_update_config(cls, vllm_config):
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+"""
+
 
 @pytest.fixture
 def fake_vllm(tmp_path: Path) -> Path:
@@ -50,11 +68,15 @@ def fake_vllm(tmp_path: Path) -> Path:
         (folder / "__init__.py").write_text("")
     server.write_text(SERVER)
     (root / "vllm" / "engine_core.py").write_text(ENGINE_CORE)
+    (root / "vllm" / "platforms").mkdir()
+    (root / "vllm" / "platforms" / "__init__.py").write_text("")
+    (root / "vllm" / "platforms" / "cpu.py").write_text(PLATFORM)
     return root
 
 
-def launch(module: str, site: Path) -> str:
-    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
+def launch(module: str, site: Path, method: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != START_METHOD}
+    env.update({"PYTHONPATH": f"{site}{os.pathsep}{REPO}"}, **({START_METHOD: method} if method else {}))
     proc = subprocess.run(
         [sys.executable, "-m", module, "--port", "8000"],
         env=env, capture_output=True, text=True, timeout=120, cwd=site,
@@ -72,3 +94,16 @@ def test_through_the_launcher_the_module_runs_as_the_program_and_its_engine_core
     out = launch("specwake.worker.serve", fake_vllm)
     assert "server argv: ['--port', '8000']" in out, out  # the module's own arguments, as under -m
     assert "engine core imported the server module: False" in out, out
+    assert "engine core started by: spawn" in out, out  # no method asked: the platform's
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_through_the_launcher_the_start_method_asked_stands_over_the_platforms(fake_vllm: Path, method: str) -> None:
+    out = launch("specwake.worker.serve", fake_vllm, method)
+    assert f"engine core started by: {method}" in out, out
+    assert "engine core imported the server module: False" in out, out
+
+
+def test_without_the_launcher_the_platform_sets_spawn_over_the_fork_asked(fake_vllm: Path) -> None:
+    out = launch("vllm.entrypoints.openai.api_server", fake_vllm, "fork")
+    assert "engine core started by: spawn" in out, out

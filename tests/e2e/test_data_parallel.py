@@ -71,6 +71,8 @@ def test_every_engine_is_measured_in_every_stage_and_its_workers_answer(
     # one engine a server or node: told "uni" (vLLM would start a process); two behind one: bound worker processes
     executor = "mp" if scenario == INTERNAL else "uni"
     assert [w["executor"] for w in v["info"]["workers"]] == [executor, executor]
+    # every engine's process a copy of its server's or node's, vLLM imported once there (plan.START_METHOD)
+    assert [w["started"] for w in v["info"]["workers"]] == ["fork", "fork"]
     for stage in v["stages"]:
         engines = {e["engine"]: e for e in stage["engines"]}
         assert sorted(engines) == ["0", "1"] and all(

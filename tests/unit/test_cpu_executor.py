@@ -1,6 +1,6 @@
 """Which executor a CPU server gets: the worker inside the engine core process at TP=1 (vLLM's V1 multiprocessing
-off), one worker process per rank otherwise; what overrides that; the core binding only where it is read; and
-torch.compile off for an eager CPU server."""
+off), one worker process per rank otherwise; what overrides that; the core binding only where it is read;
+torch.compile off for an eager CPU server; and its engine processes forked from its API server."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from specwake.prepare.plan import DYNAMO_DISABLE, MULTIPROCESSING, build_server_env, cpu_executor
+from specwake.prepare.plan import DYNAMO_DISABLE, MULTIPROCESSING, START_METHOD, build_server_env, cpu_executor
 from specwake.prepare.scenario import Scenario, load_scenario
+from specwake.worker import serve
 
 
 def scenario_with(
@@ -79,6 +80,7 @@ def test_gpu_servers_are_left_as_vllm_starts_them(tmp_path: Path) -> None:
     scenario = scenario_with(tmp_path, tp=1)
     env, _ = build_server_env(scenario, scenario.variants[0], base_env={}, pythonpath=[], is_gpu=True, cpu_ids=[0])
     assert MULTIPROCESSING not in env and "VLLM_CPU_OMP_THREADS_BIND" not in env and DYNAMO_DISABLE not in env
+    assert START_METHOD not in env
 
 
 @pytest.mark.parametrize(
@@ -113,3 +115,21 @@ def test_the_scenario_variant_or_caller_may_keep_torch_compile(tmp_path: Path, w
 )
 def test_cpu_executor_follows_vllms_cpu_platform(tp: int, env: dict[str, str], expected: str) -> None:
     assert cpu_executor(tp, env) == expected
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_cpu_servers_engine_processes_are_forked(tmp_path: Path, tp: int) -> None:
+    env, added = cpu_env(scenario_with(tmp_path, tp=tp))
+    assert added[START_METHOD] == env[START_METHOD] == "fork"
+    assert serve.START_METHOD == START_METHOD  # the variable the launcher keeps over vLLM's CPU platform
+
+
+@pytest.mark.parametrize("where", ["scenario", "variant", "caller"])
+def test_the_scenario_variant_or_caller_may_keep_spawn(tmp_path: Path, where: str) -> None:
+    setting = f'{START_METHOD} = "spawn"'
+    scenario = scenario_with(
+        tmp_path, tp=1, env=setting if where == "scenario" else "", variant_env=setting if where == "variant" else ""
+    )
+    env, added = cpu_env(scenario, base={START_METHOD: "spawn"} if where == "caller" else {})
+    assert env[START_METHOD] == "spawn"
+    assert (START_METHOD in added) == (where != "caller")
