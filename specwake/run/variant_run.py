@@ -36,6 +36,7 @@ from specwake.run.server import Server, ServerGroup, ServerSpec, describe_exit, 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result
 EXIT_SETTLE_S = 1.0  # after a fault, how long a dying server gets to be seen as exited
+FOREIGN_PROBE_S = 2.0  # how long a port our failed server had gets to say which models it serves
 RAY_FREE_TIMEOUT_S = 300.0  # after a Ray-executor server stops, how long its cluster gets to free every GPU
 
 
@@ -186,6 +187,10 @@ class VariantRun:
             self.server.stop()
             if self.cancel is not None and self.cancel.is_set():  # stopped from outside: the run is interrupted
                 raise Interrupted(f"{self.name}: interrupted while starting") from None
+            foreign = self._foreign_answer()
+            if foreign is not None:  # ours exited (the port was taken) before the foreign one was seen answering
+                self._foreign_port(*foreign)
+                return
             evidence = classify(
                 fault_class=STARTUP_FAILED,
                 log_text=exc.log_tail,
@@ -213,12 +218,7 @@ class VariantRun:
         served = client.model_ids()
         if self.prep.model not in served:
             # Another process answers on our port (ours lost the race for it, or died): never measure it.
-            state = "running" if self.server.alive() else describe_exit(self.server.returncode() or 0)
-            problem = (
-                f"server at {self.server.base_url} serves {served}, not {self.prep.model!r}: "
-                f"a foreign server holds the port (ours: {state}); nothing was measured"
-            )
-            self._fail(PORT_CONFLICT, problem, self.server.log_tail(LOG_EXCERPT_LINES))
+            self._foreign_port(self.server.base_url, served)
             return
         infos, _ = self.fanout.results(client, protocol.INFO, timeout=self.scenario.cycle.step_timeout_s)
         self.record.info["workers"] = infos
@@ -227,6 +227,26 @@ class VariantRun:
             self._fail(OVERLAY_NOT_USED, mismatch, self.server.log_tail(20))
         elif self.push is not None and (self.push.syncs or self.push.changes):
             self._choose(client, self.push)
+
+    def _foreign_answer(self) -> tuple[str, list[str]] | None:
+        """After our server failed to start (and was stopped): the models another process serves on one of its ports,
+        if one answers there. Ours, when it lost the race for the port, may exit before its readiness poll ever
+        reached the process that holds it."""
+        for server in self.server.http:
+            with httpx.Client(base_url=server.base_url, trust_env=False) as http:
+                try:
+                    return server.base_url, VllmClient(http).model_ids(timeout=FOREIGN_PROBE_S)
+                except ServerFault:
+                    continue
+        return None
+
+    def _foreign_port(self, url: str, served: list[str]) -> None:
+        state = "running" if self.server.alive() else describe_exit(self.server.returncode() or 0)
+        problem = (
+            f"server at {url} serves {served}, not {self.prep.model!r}: "
+            f"a foreign server holds the port (ours: {state}); nothing was measured"
+        )
+        self._fail(PORT_CONFLICT, problem, self.server.log_tail(LOG_EXCERPT_LINES))
 
     def _choose(self, client: VllmClient, push: PushRequest) -> None:
         """The trainer's side of a sync, or of a perturbed or partial push: what each model is sent (its manifest,

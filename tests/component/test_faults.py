@@ -135,8 +135,11 @@ def test_server_exiting_before_ready_is_seen_without_waiting_the_deadline(engine
 # -- 4. A foreign server on the port specwake picked ------------------------------------------------
 
 
+# Ours either loses the bind and exits, or is still starting, when the readiness poll reaches the port; "exit-early"
+# makes it exit first every time, as it does when the foreign server answers later than ours fails.
+@pytest.mark.parametrize("ours", [{}, {"FAKE_VLLM_MODE": "exit-early"}], ids=["racing", "exits-first"])
 def test_foreign_server_on_our_port_is_never_measured(
-    engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ours: dict[str, str]
 ) -> None:
     from specwake.run.server import free_port
 
@@ -154,7 +157,7 @@ def test_foreign_server_on_our_port_is_never_measured(
         monkeypatch.setattr(variant_run, "free_port", lambda: port)  # specwake's pick collides
         monkeypatch.setenv("SPECWAKE_CACHE", str(tmp_path / "cache"))
         scenario = tmp_path / "s.toml"
-        scenario.write_text(scenario_text(engine))
+        scenario.write_text(scenario_text(engine, variants={"baseline": ours}))
         out = tmp_path / "out"
         result = CliRunner().invoke(app, ["run", str(scenario), "--output", str(out), "--quiet"])
     finally:
