@@ -75,6 +75,18 @@ class _CudaPlatform:
 current_platform = _CudaPlatform() if os.environ.get("FAKE_VLLM_PLATFORM") == "cuda" else _CpuPlatform()
 """
 
+# What specwake's launcher (specwake/worker/serve.py) wraps to keep the start method asked: the CPU platform's config
+# check, which writes spawn over it as vLLM's does (vllm/platforms/cpu.py).
+_CPU_PLATFORM = """\
+import os
+
+
+class CpuPlatform:
+    @classmethod
+    def check_and_update_config(cls, vllm_config):
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+"""
+
 
 # The fake interpreter's torch: specwake's probe reads its version, nothing in a fake server uses it. The real torch
 # would take seconds to import in every probe; specwake's worker modules (`-m specwake.worker.build` writes a builtin
@@ -167,6 +179,7 @@ def make_fake_engine(tmp: Path) -> FakeEngine:
         "__init__.py": '__version__ = "0.0.fake"\n',
         "drafter_reload.py": BEHAVIOUR_TEXT,
         "platforms/__init__.py": _PLATFORMS,
+        "platforms/cpu.py": _CPU_PLATFORM,
         "entrypoints/__init__.py": "",
         "entrypoints/openai/__init__.py": "",
         "entrypoints/openai/api_server.py": _API_SERVER,
