@@ -41,6 +41,7 @@ from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS, InputError, PatchE
 from specwake.events import Event, Events
 from specwake.files import write_atomic
 from specwake.judge.expectations import EXPECTATIONS
+from specwake.judge.verdict import NOT_TESTED
 from specwake.prepare.engine import install_stamp, probe_engine, resolve_python
 from specwake.prepare.models import cache_dir
 from specwake.prepare.scenario import Overrides, load_scenario
@@ -205,6 +206,8 @@ class Bisect:
             result = execute(request, lambda event: None).results[0].variants[0]
         except PatchError as exc:
             return self._skipped(commit, f"its diff does not apply to the installed vLLM: {exc}")
+        if result.outcome in NOT_TESTED:  # nothing measured (a lost port, a run stopped): no evidence either way
+            return self._skipped(commit, f"not tested: outcome {result.outcome} ({result.error or 'no error text'})")
         fresh = result.fresh
         measured = Measured(
             result.outcome, fresh.acceptance_length if fresh else None,

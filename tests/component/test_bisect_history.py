@@ -215,3 +215,30 @@ def test_a_later_bisect_reuses_what_an_earlier_one_measured_and_remeasure_runs_i
 def first_step_folder(output: Path, sha: str) -> Path:
     (root,) = output.iterdir()
     return root / "steps" / sha[:10]
+
+
+def test_a_commit_whose_server_never_starts_is_skipped_not_taken_as_evidence(
+    engine: FakeEngine, tmp_path: Path
+) -> None:
+    """A step with nothing measured (outcome `error`: here the server exits before it is ready; in CI once a port
+    lost to another process) says nothing of the bug: skipped, so the answer is the two commits it cannot tell apart
+    (exit 3), not the unstartable commit as the first fixed."""
+    repo = tmp_path / "vllm-repo"
+    shutil.copytree(engine.package, repo / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    server = repo / "vllm" / "entrypoints" / "openai" / "api_server.py"
+    working = server.read_text()
+    stock = start(repo)
+    server.write_text("raise SystemExit(1)\n")
+    broken = commit(repo, "a server that cannot start")
+    server.write_text(working)
+    (repo / BEHAVIOUR).write_text(BEHAVIOUR_TEXT.replace("RELOADS_DRAFT = False", "RELOADS_DRAFT = True"))
+    fix = commit(repo, "the fix, and the server back")
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(engine))
+    h = {"repo": repo, "scenario": scenario, "stock": stock, "fix": fix}
+    proc, data = fake_bisect(h, tmp_path, "stock", "fix")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    steps = {s["commit"]["sha"]: s for s in data["steps"]}
+    assert steps[broken]["verdict"] == "skip" and steps[broken]["reason"].startswith("not tested: outcome error")
+    assert (steps[stock]["outcome"], steps[fix]["outcome"]) == ("collapse", "recover")
+    assert [c["sha"] for c in data["result"]["candidates"]] == [broken, fix]
