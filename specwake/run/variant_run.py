@@ -36,6 +36,8 @@ from specwake.run.server import Server, ServerGroup, ServerSpec, describe_exit, 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result
 EXIT_SETTLE_S = 1.0  # after a fault, how long a dying server gets to be seen as exited
+# vLLM's (and Python's) text for EADDRINUSE: a port picked free was bound by another process before the server bound it
+LOST_BIND = "Address already in use"
 FOREIGN_PROBE_S = 2.0  # how long a port our failed server had gets to say which models it serves
 RAY_FREE_TIMEOUT_S = 300.0  # after a Ray-executor server stops, how long its cluster gets to free every GPU
 
@@ -81,6 +83,7 @@ class VariantRun:
         self.plans = plan_servers(scenario, prep, gpus, cores)
         self.plan = self.plans[0]
         self.server = self._servers()
+        self.rebound = False  # started once more after losing its port to another process (open)
         self.workload = Workload.of(scenario, prep.model)
         self.stopping = Stopping(scenario.tolerance, speed_binds=self.decides)  # when a stage after a cycle may stop
         self.push = push_of(scenario, prep)
@@ -190,6 +193,11 @@ class VariantRun:
             foreign = self._foreign_answer()
             if foreign is not None:  # ours exited (the port was taken) before the foreign one was seen answering
                 self._foreign_port(*foreign)
+                return
+            if LOST_BIND in exc.log_tail and not self.rebound:  # taken in the gap between our pick and its bind
+                self.rebound = True
+                self.say("its port was taken before the server could bind it: starting again on another")
+                self._open()
                 return
             evidence = classify(
                 fault_class=STARTUP_FAILED,

@@ -171,6 +171,36 @@ def test_foreign_server_on_our_port_is_never_measured(
     assert requests == []  # no completion, sleep or RPC ever reached the foreign server
 
 
+def test_a_port_taken_before_the_server_binds_it_is_left_for_another(
+    engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process binds the port specwake picked (and answers nothing) before our server does: ours exits with
+    "Address already in use"; specwake starts it once more on a port picked again, and measures it."""
+    import socket
+
+    from specwake.run.server import free_port
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    picks = iter([taken])
+    monkeypatch.setattr(variant_run, "free_port", lambda: next(picks, None) or free_port())
+    monkeypatch.setenv("SPECWAKE_CACHE", str(tmp_path / "cache"))
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(engine))
+    out = tmp_path / "out"
+    try:
+        result = CliRunner().invoke(app, ["run", str(scenario), "--output", str(out), "--quiet"])
+    finally:
+        holder.close()
+    base = variant(result_of(out), "baseline")
+    assert base["outcome"] not in ("error", "crash") and base["stages"], (result.output, base.get("error"))
+    log = next(out.glob("*/logs/baseline.log")).read_text()
+    assert log.count("# specwake: server start") == 2 and "Address already in use" in log
+    assert f"--port {taken} " not in " ".join(base["command"]) + " "  # measured on the port picked again
+
+
 def _wait_health(port: int) -> None:
     for _ in range(100):
         try:
