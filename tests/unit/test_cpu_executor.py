@@ -96,12 +96,17 @@ def test_an_eager_cpu_server_compiles_nothing(tmp_path: Path, eager: str, varian
 
 @pytest.mark.parametrize("where", ["scenario", "variant", "caller"])
 def test_the_scenario_variant_or_caller_may_keep_torch_compile(tmp_path: Path, where: str) -> None:
-    setting = f'{DYNAMO_DISABLE} = "0"'
+    env, _ = cpu_env_set_by(tmp_path, where, DYNAMO_DISABLE, "0")
+    assert env[DYNAMO_DISABLE] == "0"
+
+
+def cpu_env_set_by(tmp_path: Path, where: str, name: str, value: str) -> tuple[dict[str, str], dict[str, str]]:
+    """A TP=1 CPU server's environment with `name` set to `value` by the scenario, the variant or the caller."""
+    setting = f'{name} = "{value}"'
     scenario = scenario_with(
         tmp_path, tp=1, env=setting if where == "scenario" else "", variant_env=setting if where == "variant" else ""
     )
-    env, _ = cpu_env(scenario, base={DYNAMO_DISABLE: "0"} if where == "caller" else {})
-    assert env[DYNAMO_DISABLE] == "0"
+    return cpu_env(scenario, base={name: value} if where == "caller" else {})
 
 
 @pytest.mark.parametrize(
@@ -126,10 +131,6 @@ def test_a_cpu_servers_engine_processes_are_forked(tmp_path: Path, tp: int) -> N
 
 @pytest.mark.parametrize("where", ["scenario", "variant", "caller"])
 def test_the_scenario_variant_or_caller_may_keep_spawn(tmp_path: Path, where: str) -> None:
-    setting = f'{START_METHOD} = "spawn"'
-    scenario = scenario_with(
-        tmp_path, tp=1, env=setting if where == "scenario" else "", variant_env=setting if where == "variant" else ""
-    )
-    env, added = cpu_env(scenario, base={START_METHOD: "spawn"} if where == "caller" else {})
+    env, added = cpu_env_set_by(tmp_path, where, START_METHOD, "spawn")
     assert env[START_METHOD] == "spawn"
     assert (START_METHOD in added) == (where != "caller")
