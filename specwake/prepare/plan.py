@@ -90,6 +90,15 @@ DYNAMO_DISABLE = "TORCHDYNAMO_DISABLE"
 # Measured on the tiny pair: ready in 15 s instead of 23, same outcomes. A scenario, variant or caller that sets the
 # variable keeps its value (spawn, say).
 START_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
+# vLLM inspects a model class it has no cached answer for (what the architecture supports: pipeline parallelism,
+# multimodal input, ...) in a subprocess that imports vLLM again, to keep CUDA out of the calling process, and caches
+# the answer per model file under VLLM_CACHE_ROOT/modelinfos (vllm/model_executor/models/registry.py,
+# `_run_in_subprocess`, 0.32/0.33). On a machine where vLLM has not run before that is ~9 s of CPU per architecture
+# (the check of every shipped CPU scenario: 80 s instead of 9 s, the same answers), and a patch that changes a model
+# file makes the next server of each kind, patched or not, ask again. A CPU has no CUDA to keep out: specwake's
+# launcher (specwake/worker/serve.py) and its validation run the same inspection in their own process when this is
+# "1", as it is for a CPU server. A scenario or variant that sets it to "0" keeps vLLM's subprocess.
+INSPECT_IN_PROCESS = "SPECWAKE_INSPECT_IN_PROCESS"
 SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 REDACTED = "***"
 
@@ -320,7 +329,8 @@ def build_server_env(
     see MULTIPROCESSING; a data-parallel one also told so, EXECUTOR_FLAG): two processes import vLLM instead of
     three. The core binding is set only for the multiprocessing executor, the only one that reads it; a
     single-process server is held to its cores by its affinity (ServerSpec.cpus). An eager CPU server compiles
-    nothing (DYNAMO_DISABLE). A CPU server's engine processes are forked from its API server (START_METHOD)."""
+    nothing (DYNAMO_DISABLE). A CPU server's engine processes are forked from its API server (START_METHOD), and its
+    model classes inspected in its own process (INSPECT_IN_PROCESS)."""
     env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
     added: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": ":".join(pythonpath)}
     if is_gpu:
@@ -338,6 +348,7 @@ def build_server_env(
             added[DYNAMO_DISABLE] = "1"
         if START_METHOD not in env:
             added[START_METHOD] = "fork"
+        added[INSPECT_IN_PROCESS] = "1"
     added.update(scenario.server.env)
     added.update(variant.env)
     if not is_gpu:

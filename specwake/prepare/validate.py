@@ -24,7 +24,7 @@ from specwake.files import write_cache
 from specwake.prepare.checkpoint import validate_entries
 from specwake.prepare.engine import EngineInfo, install_stamp
 from specwake.prepare.models import builder_env
-from specwake.prepare.plan import model_flags, speculative_config
+from specwake.prepare.plan import INSPECT_IN_PROCESS, model_flags, speculative_config
 from specwake.prepare.prompts import probe_prompt
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.protocol import TRANSFER_FLAG
@@ -87,6 +87,8 @@ def ask_engine(engine: EngineInfo, requests: list[dict[str, Any]], cache: Path |
         return [a for a in answers if a is not None]
     # Never a download: what is not on this machine is skipped and said so (HF_HUB_OFFLINE also spares the retries).
     env = builder_env({k: v for k, v in os.environ.items() if k != "PYTHONPATH"}) | {"HF_HUB_OFFLINE": "1"}
+    if not engine.is_gpu:  # vLLM's model inspection in the validating process, as in a CPU server (plan.py)
+        env.setdefault(INSPECT_IN_PROCESS, "1")
     try:
         proc = subprocess.run(
             [engine.python, "-m", "specwake.worker.validate"],

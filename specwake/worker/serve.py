@@ -6,6 +6,10 @@ asks for in ``VLLM_WORKER_MULTIPROC_METHOD``: fork, as specwake's plan asks for 
 spawn. vLLM's CPU platform writes spawn over the environment's value while it checks the config
 (vllm/platforms/cpu.py, ``check_and_update_config``); the launcher puts the asked value back right after.
 
+vLLM inspects a model class it has not seen before in a subprocess that imports vLLM again (to keep CUDA out of the
+server's process); on CPU, with ``SPECWAKE_INSPECT_IN_PROCESS=1`` from specwake's plan, the launcher has vLLM run that
+inspection in the server's own process (``inspect_models_in_process``).
+
 Why not ``python -m vllm.entrypoints.openai.api_server``: a spawned child first imports its parent's ``__main__``
 module. Run with ``-m``, the api_server module is ``__main__``, so every spawned engine core would import the whole
 HTTP server stack (FastAPI, the OpenAI protocol, the serving classes) before its own code. Here the api_server module
@@ -22,11 +26,15 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 HEADLESS = "--headless"
 START_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"  # plan.START_METHOD (the launcher imports nothing of specwake's)
+INSPECT_IN_PROCESS = "SPECWAKE_INSPECT_IN_PROCESS"  # plan.INSPECT_IN_PROCESS
 
 
 def keep_start_method() -> None:
@@ -46,6 +54,26 @@ def keep_start_method() -> None:
     CpuPlatform.check_and_update_config = classmethod(check_keeping_start)  # type: ignore[method-assign,assignment]
 
 
+def inspect_models_in_process() -> None:
+    """Where the environment says ``SPECWAKE_INSPECT_IN_PROCESS=1`` (a CPU server, specwake's validation on CPU):
+    vLLM's inspection of a model class it has no cached answer for runs in this process instead of a subprocess that
+    imports vLLM again. The same function runs, after the same plugin loading as vLLM's subprocess does
+    (vllm/model_executor/models/registry.py, ``_run``), and vLLM caches its answer as it would."""
+    if os.environ.get(INSPECT_IN_PROCESS) != "1":
+        return
+    try:
+        from vllm.model_executor.models import registry
+        from vllm.plugins import load_general_plugins
+    except ImportError:  # a vLLM laid out otherwise: nothing to run in process, its own way stands
+        return
+
+    def in_process(fn: Callable[[], T]) -> T:  # vLLM's name for the inspection it hands over
+        load_general_plugins()
+        return fn()
+
+    registry._run_in_subprocess = in_process
+
+
 def run_headless(argv: list[str]) -> None:
     """`vllm serve --headless` through its own parser and command (vllm/entrypoints/cli/serve.py)."""
     from vllm.entrypoints.cli.serve import ServeSubcommand
@@ -61,6 +89,7 @@ def run_headless(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     keep_start_method()
+    inspect_models_in_process()
     if HEADLESS in sys.argv[1:]:
         run_headless(sys.argv[1:])
     else:

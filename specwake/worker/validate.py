@@ -256,6 +256,10 @@ def main() -> int:
     requests = json.loads(sys.stdin.read())
     import vllm
 
+    from specwake.worker.serve import inspect_models_in_process
+
+    inspect_models_in_process()
+
     version = str(getattr(vllm, "__version__", "unknown"))
     print("SPECWAKE_VALIDATE " + json.dumps([answer(request, version) for request in requests]), flush=True)
     return 0

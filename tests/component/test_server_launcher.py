@@ -3,7 +3,9 @@ whose `vllm.entrypoints.openai.api_server` checks its config with a CPU platform
 start method (as vllm/platforms/cpu.py does), then starts its engine core with the start method the environment names
 then. Run as `-m` the server module is imported again by a spawned child; through the launcher it is not, and the
 module still runs as the program with its own arguments. Through the launcher a start method the environment asks for
-stands; without the launcher the platform's spawn wins.
+stands; without the launcher the platform's spawn wins. Its model registry inspects a model class in a subprocess, as
+vLLM's does; through the launcher with SPECWAKE_INSPECT_IN_PROCESS=1 the inspection runs in the server's process, after
+vLLM's plugins are loaded.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from specwake.prepare.plan import START_METHOD
+from specwake.prepare.plan import INSPECT_IN_PROCESS, START_METHOD
 from tests.helpers.paths import REPO
 
 SERVER = """
@@ -28,6 +30,9 @@ from vllm.platforms.cpu import CpuPlatform
 
 print("server argv:", sys.argv[1:], flush=True)
 if __name__ == "__main__":
+    from vllm.model_executor.models import registry
+
+    print("model inspected in:", registry.inspect_model_cls(), flush=True)
     CpuPlatform().check_and_update_config(None)
     method = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
     print("engine core started by:", method, flush=True)
@@ -58,6 +63,37 @@ class CpuPlatform:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
 """
 
+# vllm/model_executor/models/registry.py: the inspection function handed to `_run_in_subprocess`, which runs it in
+# another interpreter (here: answers from one, without running the function)
+REGISTRY = """
+import os
+import subprocess
+import sys
+
+
+def inspect_model_cls():
+    from vllm import plugins
+
+    return _run_in_subprocess(lambda: f"server process {os.getpid() == SERVER_PID}, plugins loaded {plugins.loaded}")
+
+
+def _run_in_subprocess(fn):
+    answer = subprocess.run([sys.executable, "-c", "print('a subprocess')"], capture_output=True, text=True)
+    return answer.stdout.strip()
+
+
+SERVER_PID = os.getpid()
+"""
+
+PLUGINS = """
+loaded = False
+
+
+def load_general_plugins():
+    global loaded
+    loaded = True
+"""
+
 
 @pytest.fixture
 def fake_vllm(tmp_path: Path) -> Path:
@@ -71,12 +107,20 @@ def fake_vllm(tmp_path: Path) -> Path:
     (root / "vllm" / "platforms").mkdir()
     (root / "vllm" / "platforms" / "__init__.py").write_text("")
     (root / "vllm" / "platforms" / "cpu.py").write_text(PLATFORM)
+    models = root / "vllm" / "model_executor" / "models"
+    models.mkdir(parents=True)
+    for folder in (models.parent, models):
+        (folder / "__init__.py").write_text("")
+    (models / "registry.py").write_text(REGISTRY)
+    (root / "vllm" / "plugins").mkdir()
+    (root / "vllm" / "plugins" / "__init__.py").write_text(PLUGINS)
     return root
 
 
-def launch(module: str, site: Path, method: str | None = None) -> str:
-    env = {k: v for k, v in os.environ.items() if k != START_METHOD}
+def launch(module: str, site: Path, method: str | None = None, inspect: str | None = None) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in (START_METHOD, INSPECT_IN_PROCESS)}
     env.update({"PYTHONPATH": f"{site}{os.pathsep}{REPO}"}, **({START_METHOD: method} if method else {}))
+    env.update({INSPECT_IN_PROCESS: inspect} if inspect else {})
     proc = subprocess.run(
         [sys.executable, "-m", module, "--port", "8000"],
         env=env, capture_output=True, text=True, timeout=120, cwd=site,
@@ -107,3 +151,18 @@ def test_through_the_launcher_the_start_method_asked_stands_over_the_platforms(f
 def test_without_the_launcher_the_platform_sets_spawn_over_the_fork_asked(fake_vllm: Path) -> None:
     out = launch("vllm.entrypoints.openai.api_server", fake_vllm, "fork")
     assert "engine core started by: spawn" in out, out
+
+
+@pytest.mark.parametrize(
+    ("inspect", "where"), [("1", "server process True, plugins loaded True"), ("0", "a subprocess")]
+)
+def test_through_the_launcher_model_classes_are_inspected_where_the_environment_says(
+    fake_vllm: Path, inspect: str, where: str
+) -> None:
+    out = launch("specwake.worker.serve", fake_vllm, inspect=inspect)
+    assert f"model inspected in: {where}" in out, out
+
+
+def test_without_the_launcher_model_classes_are_inspected_in_a_subprocess(fake_vllm: Path) -> None:
+    out = launch("vllm.entrypoints.openai.api_server", fake_vllm, inspect="1")
+    assert "model inspected in: a subprocess" in out, out

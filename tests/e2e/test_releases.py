@@ -258,3 +258,27 @@ def test_the_cpu_platform_sets_spawn_over_the_start_method_asked_which_every_eng
     assert f'"{START_METHOD}": env_with_choices(' in envs and "value = os.getenv(env_name)" in envs, version
     for starter in ("v1/engine/utils.py", "v1/engine/coordinator.py", "v1/executor/multiproc_executor.py"):
         assert "context = get_mp_context()" in (vllm / starter).read_text(), (version, starter)
+
+
+def test_an_unseen_model_class_is_inspected_by_a_module_function_which_the_launcher_may_run_in_process(release):
+    """specwake.prepare.plan.INSPECT_IN_PROCESS and the launcher's inspect_models_in_process: the registry hands a
+    function of no arguments to its module-level `_run_in_subprocess`, looked up by name when the inspection runs (so
+    the launcher's replacement is the one called), and caches the answer itself; the subprocess loads vLLM's general
+    plugins before it runs the function, and loading them twice is loading them once."""
+    version, tree = release
+    vllm = tree / "vllm"
+    registry = ast.parse((vllm / "model_executor" / "models" / "registry.py").read_text())
+    functions = {n.name: n for n in registry.body if isinstance(n, ast.FunctionDef)}
+    assert [a.arg for a in functions["_run_in_subprocess"].args.args] == ["fn"], version
+    (lazy,) = [n for n in registry.body if isinstance(n, ast.ClassDef) and n.name == "_LazyRegisteredModel"]
+    (inspect,) = [n for n in lazy.body if isinstance(n, ast.FunctionDef) and n.name == "inspect_model_cls"]
+    calls = [n for n in ast.walk(inspect) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    (handed,) = [c for c in calls if c.func.id == "_run_in_subprocess"]  # type: ignore[attr-defined]
+    assert isinstance(handed.args[0], ast.Lambda) and not handed.args[0].args.args, version
+    assert "self._save_modelinfo_to_cache(mi, module_hash)" in ast.unparse(inspect), version
+    run = ast.unparse(functions["_run"])
+    assert run.index("load_general_plugins()") < run.index("result = fn()"), version
+    plugins = ast.parse((vllm / "plugins" / "__init__.py").read_text())
+    (load,) = [n for n in plugins.body if isinstance(n, ast.FunctionDef) and n.name == "load_general_plugins"]
+    guard = "global plugins_loaded\n    if plugins_loaded:\n        return\n    plugins_loaded = True"
+    assert guard in ast.unparse(load), version

@@ -1,13 +1,16 @@
 """What specwake's emulated discard and fingerprints assume about vLLM, pinned against the installed vLLM's own
 classes and sources (no server): which tensors an L2 sleep keeps, which it discards, which are not weights, and which
-copies of a weight the CPU build's forward reads instead of the parameter.
+copies of a weight the CPU build's forward reads instead of the parameter; and that a model class inspected in the
+process (a CPU server through specwake's launcher) is cached as vLLM's own subprocess caches it.
 When a vLLM release changes one of these, this module fails and names the assumption.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,8 +21,11 @@ require_module("vllm")
 import torch  # noqa: E402
 from vllm.model_executor.layers.attention import attention  # noqa: E402
 from vllm.model_executor.model_loader.reload import layerwise  # noqa: E402
+from vllm.model_executor.models import registry  # noqa: E402
 from vllm.v1.worker import gpu_worker  # noqa: E402
 
+from specwake.prepare.plan import INSPECT_IN_PROCESS  # noqa: E402
+from specwake.worker import serve  # noqa: E402
 from specwake.worker.packed import packed_copies, unpacked  # noqa: E402
 from specwake.worker.tensors import HOST_SIDE_ATTRIBUTES, KV_CACHE_ATTRIBUTE, Reference, fingerprint, inventory  # noqa: E402
 
@@ -172,3 +178,24 @@ def test_the_cpu_build_packs_each_layer_kind_and_the_fingerprint_reads_the_copy_
     assert fingerprint(layer, reference=kept)["differ_names"] == ["weight"]
     loaded(layer, weight)
     assert fingerprint(layer, reference=kept)["differ"] == 0
+
+
+def test_a_model_class_inspected_in_process_is_cached_as_vllms_subprocess_caches_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """specwake/worker/serve.py, inspect_models_in_process: the answer vLLM keeps under VLLM_CACHE_ROOT/modelinfos for
+    a model class (here the target of the tiny pair), found in this process, is the one its subprocess finds."""
+    model = registry._LazyRegisteredModel("vllm.model_executor.models.llama", "LlamaForCausalLM")
+    monkeypatch.setattr(registry, "_run_in_subprocess", registry._run_in_subprocess)  # put back after the test
+    answers = {}
+    for where in ("subprocess", "process"):
+        root = tmp_path / where
+        monkeypatch.setenv("VLLM_CACHE_ROOT", str(root))
+        if where == "process":
+            vllms = registry._run_in_subprocess
+            monkeypatch.setenv(INSPECT_IN_PROCESS, "1")
+            serve.inspect_models_in_process()
+            assert registry._run_in_subprocess is not vllms
+        model.inspect_model_cls()
+        answers[where] = json.loads((root / "modelinfos" / model._get_cache_filename()).read_text())
+    assert answers["process"] == answers["subprocess"]

@@ -1,6 +1,7 @@
 """Which executor a CPU server gets: the worker inside the engine core process at TP=1 (vLLM's V1 multiprocessing
 off), one worker process per rank otherwise; what overrides that; the core binding only where it is read;
-torch.compile off for an eager CPU server; and its engine processes forked from its API server."""
+torch.compile off for an eager CPU server; its engine processes forked from its API server; and vLLM's model
+inspection in the server's own process."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from specwake.prepare.plan import DYNAMO_DISABLE, MULTIPROCESSING, START_METHOD, build_server_env, cpu_executor
+from specwake.prepare.plan import (
+    DYNAMO_DISABLE,
+    INSPECT_IN_PROCESS,
+    MULTIPROCESSING,
+    START_METHOD,
+    build_server_env,
+    cpu_executor,
+)
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.worker import serve
 
@@ -80,7 +88,7 @@ def test_gpu_servers_are_left_as_vllm_starts_them(tmp_path: Path) -> None:
     scenario = scenario_with(tmp_path, tp=1)
     env, _ = build_server_env(scenario, scenario.variants[0], base_env={}, pythonpath=[], is_gpu=True, cpu_ids=[0])
     assert MULTIPROCESSING not in env and "VLLM_CPU_OMP_THREADS_BIND" not in env and DYNAMO_DISABLE not in env
-    assert START_METHOD not in env
+    assert START_METHOD not in env and INSPECT_IN_PROCESS not in env
 
 
 @pytest.mark.parametrize(
@@ -134,3 +142,16 @@ def test_the_scenario_variant_or_caller_may_keep_spawn(tmp_path: Path, where: st
     env, added = cpu_env_set_by(tmp_path, where, START_METHOD, "spawn")
     assert env[START_METHOD] == "spawn"
     assert (START_METHOD in added) == (where != "caller")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_cpu_server_inspects_model_classes_in_its_own_process(tmp_path: Path, tp: int) -> None:
+    env, added = cpu_env(scenario_with(tmp_path, tp=tp))
+    assert added[INSPECT_IN_PROCESS] == env[INSPECT_IN_PROCESS] == "1"
+    assert serve.INSPECT_IN_PROCESS == INSPECT_IN_PROCESS  # the variable the launcher reads
+
+
+@pytest.mark.parametrize("where", ["scenario", "variant"])
+def test_the_scenario_or_variant_may_keep_vllms_inspection_subprocess(tmp_path: Path, where: str) -> None:
+    env, _ = cpu_env_set_by(tmp_path, where, INSPECT_IN_PROCESS, "0")
+    assert env[INSPECT_IN_PROCESS] == "0"
