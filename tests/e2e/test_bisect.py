@@ -105,6 +105,16 @@ def test_the_commit_that_broke_the_fix_is_found(history: dict[str, Any], broke: 
     assert data["runs"] <= math.ceil(math.log2(3)) + 2
 
 
+def test_every_step_forks_its_engine_core_as_a_run_does(history: dict[str, Any], broke: tuple) -> None:
+    """The tests' own process may have imported vLLM (whose CPU platform writes spawn into its environment): what
+    it passes on is the environment it started with (tests/helpers/procs.py, launch_env)."""
+    steps = list((history["out"]).glob("run0/*/steps/*/*/result.json"))
+    assert steps, list(history["out"].rglob("result.json"))
+    for step in steps:
+        (variant,) = json.loads(step.read_text())["variants"]
+        assert [w["started"] for w in variant["info"]["workers"]] == ["fork"], (step, variant["env"])
+
+
 def test_the_non_python_commit_is_skipped_and_named(history: dict[str, Any], broke: tuple) -> None:
     proc, data = broke
     skipped = [s for s in data["steps"] if s["verdict"] == "skip"]

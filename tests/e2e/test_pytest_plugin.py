@@ -16,7 +16,7 @@ import pytest
 
 from specwake.runfolder import load_result
 from tests.helpers.paths import REPO
-from tests.helpers.procs import require_module
+from tests.helpers.procs import launch_env, require_module
 
 require_module("vllm")
 
@@ -32,7 +32,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "xdist", "-n", "2", "-v",
          "scenarios/cpu/draft-model.toml",
          "--junitxml", str(junit), "--specwake-output", str(tmp / "out"), "--specwake-cycles", "1"],
-        cwd=REPO, capture_output=True, text=True, timeout=RUN_S, stdin=subprocess.DEVNULL,
+        cwd=REPO, capture_output=True, text=True, timeout=RUN_S, stdin=subprocess.DEVNULL, env=launch_env(),
     )  # fmt: skip
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")} if junit.is_file() else {}
     return {"proc": proc, "cases": cases, "out": tmp / "out"}

@@ -6,14 +6,13 @@ PYTHONPATH. The families e2e (tests/e2e/test_families.py) runs the same patch on
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.procs import require_module
+from tests.helpers.procs import launch_env, require_module
 
 require_module("vllm")
 
@@ -51,7 +50,7 @@ def checks_without(tmp_path: Path, line: str, replacement: str) -> dict[str, str
 
 def run_checks(overlay: Overlay) -> dict[str, str]:
     """check name → "ok" or the failure line the program printed."""
-    env = {**os.environ, "PYTHONPATH": str(overlay.root)}
+    env = {**launch_env(), "PYTHONPATH": str(overlay.root)}
     proc = subprocess.run(
         [sys.executable, str(PROGRAM), *CHECKS], env=env, capture_output=True, text=True, timeout=300, cwd=REPO
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from specwake.prepare.overlay import Overlay, build_overlay
 from specwake.prepare.plan import DYNAMO_DISABLE, EXECUTOR_FLAG, START_METHOD, data_parallel_rank_flags
 from specwake.prepare.server_args import RESERVED_FLAGS
 from tests.helpers.paths import REPO
+from tests.helpers.procs import launch_env
 from tests.helpers.releases import (
     DOWNLOAD_TIMEOUT_S,
     gpu_requirement,
@@ -209,7 +209,7 @@ def test_an_eager_cpu_request_meets_a_helper_compiled_by_inductor_which_torch_co
         "print(hasattr(f, '_torchdynamo_orig_callable'))"
     )
     for value, wrapped in (("1", "False"), ("0", "True")):
-        env = {**os.environ, DYNAMO_DISABLE: value}
+        env = {**launch_env(), DYNAMO_DISABLE: value}
         out = subprocess.run([sys.executable, "-c", compiled], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == wrapped, (value, out.stderr[-2000:])
 

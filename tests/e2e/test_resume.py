@@ -7,7 +7,6 @@ resumed run must keep the baseline as it was and measure only the patched varian
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 
 from specwake.runfolder import load_result
 from tests.helpers.paths import REPO
-from tests.helpers.procs import SERVER_MARK, processes_with_env, require_module
+from tests.helpers.procs import SERVER_MARK, launch_env, processes_with_env, require_module
 
 require_module("vllm")
 
@@ -58,7 +57,7 @@ def patched_measuring(out: Path) -> Path | None:
 
 def test_interrupt_then_resume(tmp_path: Path) -> None:
     mark = uuid.uuid4().hex
-    env = {**os.environ, SERVER_MARK: mark}
+    env = {**launch_env(), SERVER_MARK: mark}
     # --sequential: the baseline is complete by the time the patched variant measures (side by side, either
     # may measure first).
     argv = [
@@ -103,5 +102,6 @@ def test_interrupt_then_resume(tmp_path: Path) -> None:
     assert baseline_after == baseline_before  # kept as measured, not re-run
     patched = next(v for v in final.variants if v.name == "patched")
     assert patched.outcome == "recover" and [s.name for s in patched.stages] == ["fresh", "after L2 #1"]
+    assert [w["started"] for w in patched.info["workers"]] == ["fork"]  # as in a run from a shell (launch_env)
     launches = (run_dir / "logs" / "baseline.log").read_text().count("# specwake: server start")
     assert launches == 1  # the baseline server was not started again

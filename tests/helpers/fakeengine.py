@@ -20,7 +20,7 @@ from typing import Any
 
 from specwake.runfolder import load_result
 from tests.helpers.paths import HELPERS, REPO
-from tests.helpers.procs import processes_with_env
+from tests.helpers.procs import launch_env, processes_with_env
 
 TESTS = HELPERS  # fake_api_server.py and fake_server.py, imported by the fake engine from here
 MARK_NAME = "SPECWAKE_FAKE_ENGINE_MARK"  # set in every process the fake interpreter starts
@@ -252,7 +252,7 @@ def _inline(env: dict[str, str]) -> str:
 
 def cli_env(cache: Path, **extra: str) -> dict[str, str]:
     """Environment for a `python -m specwake.cli` subprocess: private cache, no colour."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HF_TOKEN", "GITHUB_STEP_SUMMARY")}
+    env = {k: v for k, v in launch_env().items() if k not in ("PYTHONPATH", "HF_TOKEN", "GITHUB_STEP_SUMMARY")}
     env.update({"SPECWAKE_CACHE": str(cache), "NO_COLOR": "1", "COLUMNS": "200"}, **extra)
     return env
 

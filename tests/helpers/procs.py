@@ -88,12 +88,32 @@ def assert_no_leftover_processes(pgids: Iterable[int]) -> None:
     assert not leftovers, f"processes left running (pid, pgid, state, name): {leftovers}"
 
 
+# The environment this test process started with (tests/conftest.py imports this module before any test module).
+# vLLM imported in the process writes variables of its own into os.environ: its CPU platform sets
+# VLLM_WORKER_MULTIPROC_METHOD=spawn whenever a test builds a vLLM config in process (vllm/platforms/cpu.py), and a
+# specwake started from here would take that for its caller's choice and spawn every engine core (a bisect step took
+# 44 s instead of ~25 s).
+STARTING_ENV = dict(os.environ)
+
+
+def launch_env() -> dict[str, str]:
+    """os.environ for a subprocess, less the VLLM_ variables this process changed since it started (what an
+    in-process vLLM wrote): each back to its starting value, or gone."""
+    env = dict(os.environ)
+    for key in [k for k, v in env.items() if k.startswith("VLLM_") and v != STARTING_ENV.get(k)]:
+        if key in STARTING_ENV:
+            env[key] = STARTING_ENV[key]
+        else:
+            del env[key]
+    return env
+
+
 def run_scenario_cli(scenario: str | list[str], out: Path, timeout: float) -> dict[str, Any]:
     """`specwake run SCENARIO... --output OUT` in a subprocess, as a user would; returns the process, its one run
     folder, the parsed result.json (of each scenario, by name, under "results" when there are several) and any
     process the run left behind (found by an env marker)."""
     mark_value = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"} | {SERVER_MARK: mark_value}
+    env = {k: v for k, v in launch_env().items() if k != "GITHUB_STEP_SUMMARY"} | {SERVER_MARK: mark_value}
     scenarios = [scenario] if isinstance(scenario, str) else scenario
     proc = subprocess.run(
         [sys.executable, "-m", "specwake.cli", "run", *scenarios, "--output", str(out)],
