@@ -1,0 +1,47 @@
+"""What every `specwake` command shares: one error line per problem and its exit code, `--gpus`, the run-mode and
+`--patch` checks `run` and `check` make alike, and SIGTERM read as Ctrl-C.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+
+from specwake.console import Ui
+from specwake.errors import EXIT_INPUT, InputError, ScenarioErrors, SpecwakeError
+from specwake.files import what_it_is
+from specwake.run.schedule import parse_gpu_list
+
+
+def fail(ui: Ui, exc: SpecwakeError) -> NoReturn:
+    """Print the error (a line per scenario file) and exit with its code."""
+    for each in exc.errors if isinstance(exc, ScenarioErrors) else [exc]:
+        ui.error(str(each))
+    raise typer.Exit(exc.exit_code)
+
+
+def parse_gpus(text: str | None) -> tuple[int, ...] | None:
+    """--gpus as visible GPU indices (`0-7`, `0,1,4,5`); InputError (exit 2) naming the flag otherwise."""
+    if text is None:
+        return None
+    try:
+        return parse_gpu_list(text)
+    except ValueError as exc:
+        raise InputError(f"--gpus: {exc}") from None
+
+
+def refuse_bad_run_flags(ui: Ui, patch: Path | None, interleave: bool, sequential: bool) -> None:
+    """Exit 2 on a --patch that is not a file or on two run modes at once: `run` refuses them, and `check` as `run`."""
+    if patch is not None and what_it_is(patch) is not None:
+        ui.error(f"--patch: file {what_it_is(patch)}: {patch}")
+        raise typer.Exit(EXIT_INPUT)
+    if interleave and sequential:
+        ui.error("--interleave, --sequential: choose one run mode")
+        raise typer.Exit(EXIT_INPUT)
+
+
+def raise_interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM handler: stop as Ctrl-C stops (servers stopped, what was measured kept)."""
+    raise KeyboardInterrupt
