@@ -97,15 +97,11 @@ STARTING_ENV = dict(os.environ)
 
 
 def launch_env() -> dict[str, str]:
-    """os.environ for a subprocess, less the VLLM_ variables this process changed since it started (what an
-    in-process vLLM wrote): each back to its starting value, or gone."""
-    env = dict(os.environ)
-    for key in [k for k, v in env.items() if k.startswith("VLLM_") and v != STARTING_ENV.get(k)]:
-        if key in STARTING_ENV:
-            env[key] = STARTING_ENV[key]
-        else:
-            del env[key]
-    return env
+    """os.environ for a subprocess with the VLLM_ variables this process started with, as they were: whatever an
+    in-process vLLM wrote, changed or removed since is undone."""
+    vllm = "VLLM_"
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(vllm)}
+    return kept | {k: v for k, v in STARTING_ENV.items() if k.startswith(vllm)}
 
 
 def run_scenario_cli(scenario: str | list[str], out: Path, timeout: float) -> dict[str, Any]:
