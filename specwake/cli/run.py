@@ -217,7 +217,8 @@ def bisect(
     """Find the vLLM commit that changed a variant's outcome (broke or fixed it): each step overlays the commit's
     diff of vllm/ from BASE onto the installed vLLM and runs the variant; no rebuild. Exit 0 found, 1 no change in
     the range, 2 bad input, 3 only skipped commits remain."""
-    from specwake.run.bisect import BisectRequest, render, run_bisect
+    from specwake.report.bisect import render
+    from specwake.run.bisect import BisectRequest, run_bisect
 
     ui = Ui()
     request = BisectRequest(scenario, vllm_repo, good, bad, output, base, variant, expect, cycles, remeasure)

@@ -14,7 +14,8 @@ import pytest
 
 from specwake.errors import InputError
 from specwake.prepare.overlay import parse_patch
-from specwake.run.bisect import Bisect, BisectOutcome, BisectRequest, _finish, render
+from specwake.report.bisect import render
+from specwake.run.bisect import Bisect, BisectOutcome, BisectRequest, _finish
 from specwake.run.vllm_git import find_base
 from tests.helpers.fakeengine import BEHAVIOUR, BEHAVIOUR_TEXT, FakeEngine, run_cli, scenario_text
 from tests.helpers.paths import REPO
