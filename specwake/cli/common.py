@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -42,6 +45,16 @@ def refuse_bad_run_flags(ui: Ui, patch: Path | None, interleave: bool, sequentia
         raise typer.Exit(EXIT_INPUT)
 
 
-def raise_interrupt(signum: int, frame: object) -> None:
-    """A SIGTERM handler: stop as Ctrl-C stops (servers stopped, what was measured kept)."""
+def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within: SIGTERM stops the command as Ctrl-C does (servers stopped, what was measured kept); the previous
+    handler is back after."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

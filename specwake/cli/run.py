@@ -5,13 +5,12 @@ parsing its flags into one typed request for the core and rendering the answer.
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from specwake.cli.common import fail, parse_gpus, raise_interrupt, refuse_bad_run_flags
+from specwake.cli.common import fail, parse_gpus, refuse_bad_run_flags, sigterm_as_ctrl_c
 from specwake.console import Ui
 from specwake.errors import EXIT_INFRA, EXIT_INTERRUPTED, SpecwakeError
 from specwake.prepare.models import cache_dir
@@ -99,23 +98,21 @@ def run(
         fail(ui, exc)
     if shard is None and request.shard is not None:
         ui.note(f"shard {request.shard}, from Buildkite's BUILDKITE_PARALLEL_JOB / BUILDKITE_PARALLEL_JOB_COUNT")
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        with ui:
-            outcome = execute(request, ui.event)
-    except RunInterrupted as exc:  # the report of what was measured, then exit 130
-        if exc.outcome.results:
-            ui.report(exc.outcome.markdown, plain=True)
-            ui.note(f"results: {exc.outcome.run_root}")
-        ui.error(str(exc))
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    except SpecwakeError as exc:
-        fail(ui, exc)
-    except KeyboardInterrupt:
-        ui.error("interrupted: servers stopped, results measured so far are saved")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_as_ctrl_c():
+        try:
+            with ui:
+                outcome = execute(request, ui.event)
+        except RunInterrupted as exc:  # the report of what was measured, then exit 130
+            if exc.outcome.results:
+                ui.report(exc.outcome.markdown, plain=True)
+                ui.note(f"results: {exc.outcome.run_root}")
+            ui.error(str(exc))
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except SpecwakeError as exc:
+            fail(ui, exc)
+        except KeyboardInterrupt:
+            ui.error("interrupted: servers stopped, results measured so far are saved")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
     if outcome.note:
         ui.note(outcome.note)
     if outcome.results:
@@ -222,16 +219,14 @@ def bisect(
 
     ui = Ui()
     request = BisectRequest(scenario, vllm_repo, good, bad, output, base, variant, expect, cycles, remeasure)
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
-    try:
-        with ui:
-            outcome = run_bisect(request, ui.event)
-    except SpecwakeError as exc:
-        fail(ui, exc)
-    except KeyboardInterrupt:
-        ui.error("interrupted: servers stopped; the steps run so far are in the bisect's folder")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_as_ctrl_c():
+        try:
+            with ui:
+                outcome = run_bisect(request, ui.event)
+        except SpecwakeError as exc:
+            fail(ui, exc)
+        except KeyboardInterrupt:
+            ui.error("interrupted: servers stopped; the steps run so far are in the bisect's folder")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
     ui.report(render(outcome), plain=True)
     raise typer.Exit(outcome.exit_code)
