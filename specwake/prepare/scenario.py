@@ -20,6 +20,7 @@ from specwake.errors import ScenarioError
 from specwake.files import what_it_is
 from specwake.judge.expectations import DEFAULT_TOLERANCE, Limits
 from specwake.prepare.prompts import BUILTIN_PROMPTS
+from specwake.prepare.releases import ByRelease
 from specwake.prepare.scenario_file import (
     LIMIT_KEYS,
     SAFE_NAME,
@@ -40,17 +41,48 @@ else:  # pragma: no cover
 
 @dataclass(frozen=True)
 class Variant:
+    """One variant as the file wrote it. Its patch and expectation may depend on the vLLM release
+    (specwake.prepare.releases.ByRelease); `patch` and `expected` answer for `release`, which preparation sets to the
+    version the variant's interpreter has (`for_release`)."""
+
     name: str
-    patch: Path | None  # absolute
+    patches: ByRelease[Path] | None  # absolute paths
     python: str | None  # None: the interpreter running specwake
     env: dict[str, str]
-    expected: str
+    expects: ByRelease[str]
     args: tuple[str, ...] = ()
     speculative: bool = True
     level: int = 2  # the sleep level its cycles use
     push_to: tuple[str, ...] = ("target",)  # with [cycle] reload = "push"
     push_scale: tuple[tuple[str, float], ...] = ()  # a perturbed push or sync (see VariantSection)
     push_skip: tuple[str, ...] = ()  # a partial push or sync
+    release: str | None = None  # the vLLM version `patch` and `expected` answer for; None before preparation
+    patch_from_flag: bool = False  # the patch is --patch's, not the file's
+
+    @property
+    def patch(self) -> Path | None:
+        """The diff for `release`; before preparation, the one diff when it does not depend on the release (else
+        None: see `patches`)."""
+        if self.patches is None:
+            return None
+        return self.patches.for_release(self.release) if self.release or not self.patches.varies else None
+
+    @property
+    def expected(self) -> str:
+        """The expectation for `release`; before preparation, one per release written out ("collapse on <0.34,
+        recover on >=0.34"), which matches no outcome."""
+        if self.release or not self.expects.varies:
+            return self.expects.for_release(self.release) or "any"
+        return ", ".join(f"{value} on {spec}" for spec, value in self.expects.choices)
+
+    def for_release(self, version: str) -> Variant:
+        """This variant as vLLM `version` runs it. ValueError naming the key when a table has no value for it."""
+        for key, by_release in (("patch", self.patches), ("expect", self.expects)):
+            if by_release is not None and by_release.varies and by_release.for_release(version) is None:
+                specs = ", ".join(repr(spec) for spec, _ in by_release.choices)
+                where = f"variants.{self.name}.patch" if key == "patch" else f"expect.{self.name}"
+                raise ValueError(f"{where}: no value for vLLM {version} (the table has {specs})")
+        return dataclasses.replace(self, release=version)
 
 
 @dataclass(frozen=True)
@@ -89,7 +121,7 @@ class Scenario:
         data["name"] = self.name
         data["variants"] = {
             v.name: {
-                "patch": str(v.patch) if v.patch else None,
+                "patch": _json_paths(v.patches),
                 "python": v.python,
                 "env": v.env,
                 "args": list(v.args),
@@ -101,12 +133,19 @@ class Scenario:
             }
             for v in self.variants
         }
-        data["expect"] = {v.name: v.expected for v in self.variants} | {
+        data["expect"] = {v.name: v.expects.to_json() for v in self.variants} | {
             "tolerance": self.tolerance,
             "min_speedup_recovery": self.min_speedup_recovery,
             **dataclasses.asdict(self.limits),
         }
         return json.loads(json.dumps(data))
+
+
+def _json_paths(patches: ByRelease[Path] | None) -> str | dict[str, str] | None:
+    if patches is None:
+        return None
+    written = patches.to_json()
+    return {spec: str(path) for spec, path in written.items()} if isinstance(written, dict) else str(written)
 
 
 @dataclass(frozen=True)
@@ -285,8 +324,8 @@ def _resolve_variant(
     resolved = []
     for level in levels:
         full = name if len(levels) == 1 else f"{name}-L{level}"
-        expected = doc.expect.get(full, doc.expect.get(name, "any"))
-        if not section.speculative and expected != "any":
+        expected = ByRelease.parse(doc.expect.get(full, doc.expect.get(name, "any")))
+        if not section.speculative and expected.values() != ["any"]:
             raise ScenarioError(
                 shown, f"expect.{name}", f"{name!r} runs without speculation (the floor): measured, not judged"
             )
@@ -303,6 +342,7 @@ def _resolve_variant(
                 tuple(section.push_to or doc.cycle.push_to),
                 tuple(sorted(section.push_scale.items())),
                 tuple(section.push_skip),
+                patch_from_flag=name == "patched" and overrides.patch is not None,
             )  # fmt: skip
         )
     return resolved
@@ -333,16 +373,25 @@ def _existing(shown: str, key: str, file: Path, ref: str) -> str:
     return resolved
 
 
-def _resolve_patch(shown: str, file: Path, name: str, section: VariantSection, overrides: Overrides) -> Path | None:
+def _resolve_patch(
+    shown: str, file: Path, name: str, section: VariantSection, overrides: Overrides
+) -> ByRelease[Path] | None:
+    """The variant's diff, or one per release: every path made absolute and checked to be a file."""
     if name == "patched" and overrides.patch is not None:
-        patch, key = overrides.patch.expanduser().resolve(), "--patch"
-    elif section.patch:
-        patch, key = (
-            (file.parent / Path(section.patch).expanduser()).resolve(),
-            f"variants.{name}.patch",
-        )
-    else:
+        return ByRelease.plain(_existing_patch(shown, "--patch", overrides.patch.expanduser().resolve()))
+    if not section.patch:
         return None
+    key = f"variants.{name}.patch"
+    written = ByRelease.parse(section.patch)  # the file's table was checked when it was read
+    return ByRelease(
+        tuple(
+            (spec, _existing_patch(shown, key, (file.parent / Path(path).expanduser()).resolve()))
+            for spec, path in written.choices
+        )
+    )
+
+
+def _existing_patch(shown: str, key: str, patch: Path) -> Path:
     problem = what_it_is(patch)
     if problem is not None:
         raise ScenarioError(shown, key, f"patch file {problem}: {patch}")

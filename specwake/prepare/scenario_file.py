@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from specwake.judge.expectations import EXPECTATIONS, Limits
 from specwake.judge.sequential import DEFAULT_MIN_REPEATS
+from specwake.prepare.releases import ByRelease
 from specwake.prepare.server_args import args_is_list, env_values_are_strings, no_reserved_flags
 from specwake.protocol import RELOAD_KIND, RELOAD_KINDS, ROLES, ReloadKind, split_entry
 
@@ -253,7 +254,9 @@ class CycleSection(_Strict):
 
 
 class VariantSection(_Strict):
-    patch: str | None = None
+    # a diff, or one per vLLM release: { "<0.34" = "patches/a.diff", ">=0.34" = "patches/b.diff" }
+    # (specwake.prepare.releases.ByRelease)
+    patch: str | dict[str, str] | None = None
     python: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     # Extra server arguments of this variant, after server.args: e.g. vLLM's own workaround,
@@ -342,9 +345,25 @@ class ScenarioFile(_Strict):
             if key not in names:
                 hint = did_you_mean(key, [*names, *EXPECT_NUMBERS, "graph_safe"])
                 raise ValueError(f"expect.{key}: no variant named {key!r}{hint}")
-            if value not in EXPECTATIONS:
-                raise ValueError(f"expect.{key}: must be one of {', '.join(EXPECTATIONS)} (got {value!r})")
+            try:
+                by_release = ByRelease.parse(value)
+            except ValueError as exc:
+                raise ValueError(f"expect.{key}: {exc}") from None
+            for each in by_release.values():
+                if each not in EXPECTATIONS:
+                    raise ValueError(f"expect.{key}: must be one of {', '.join(EXPECTATIONS)} (got {each!r})")
         return self
+
+    @field_validator("variants")
+    @classmethod
+    def _patches_by_release(cls, value: dict[str, VariantSection]) -> dict[str, VariantSection]:
+        for name, section in value.items():
+            if isinstance(section.patch, dict):
+                try:
+                    ByRelease[str].parse(section.patch)
+                except ValueError as exc:
+                    raise ValueError(f"variants.{name}.patch: {exc}") from None
+        return value
 
     @model_validator(mode="after")
     def _every_engine_measured(self) -> ScenarioFile:

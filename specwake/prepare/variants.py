@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specwake.errors import PatchError, PlatformMismatch
+from specwake.errors import PatchError, PlatformMismatch, ScenarioError
 from specwake.events import Event, Events
 from specwake.judge.verdict import SLEEP_IGNORED, sleep_ignored
 from specwake.prepare.engine import EngineInfo, probe_engine, resolve_python
@@ -26,6 +26,7 @@ from specwake.prepare.plan import (
     node_launch,
     resolve_discard,
 )
+from specwake.prepare.releases import is_tested, tested_span
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.prepare.validate import validate_variants
 
@@ -148,17 +149,42 @@ def _naming_patch(scenario: Scenario, variant: Variant) -> Iterator[None]:
     try:
         yield
     except PatchError as exc:
-        raise PatchError(f"{scenario.file}: variants.{variant.name}.patch: {exc}") from None
+        key = "--patch" if variant.patch_from_flag else f"variants.{variant.name}.patch"
+        raise PatchError(f"{scenario.file}: {key}: {exc}") from None
 
 
-def inspect_patches(scenario: Scenario) -> dict[str, PatchInfo]:
-    """Read and validate every variant's diff (no overlay built): the cheap part of the patch checks."""
+def inspect_patches(scenario: Scenario) -> dict[Path, PatchInfo]:
+    """Read and validate every variant's diff, each release's where a variant has one per release (no overlay built):
+    the cheap part of the patch checks."""
     infos = {}
     for variant in scenario.variants:
-        if variant.patch is not None:
-            with _naming_patch(scenario, variant):
-                infos[variant.name] = inspect_patch(variant.patch)
+        for patch in variant.patches.values() if variant.patches else ():
+            if patch not in infos:
+                with _naming_patch(scenario, variant):
+                    infos[patch] = inspect_patch(patch)
     return infos
+
+
+def untested_releases(prepared: Sequence[Sequence[PreparedVariant]]) -> list[str]:
+    """One line per interpreter whose vLLM is not a release specwake was tested against (releases.TESTED_RELEASES):
+    said before a run or check, which go on as they would."""
+    engines = {p.engine.python: p.engine for variants in prepared for p in variants}
+    return [
+        f"vLLM {engine.vllm_version} ({engine.python}) is not a release specwake was tested against"
+        f" ({tested_span()}): its patches, expectations and emulated discard may not fit it"
+        for engine in engines.values()
+        if not is_tested(engine.vllm_version)
+    ]
+
+
+def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo) -> Variant:
+    """The variant as its interpreter's vLLM runs it: the patch and expectation for that release. ScenarioError
+    (exit 2) when the scenario's table has no value for it."""
+    try:
+        return variant.for_release(engine.vllm_version)
+    except ValueError as exc:
+        key, reason = str(exc).split(": ", 1)
+        raise ScenarioError(str(scenario.file), key, reason) from None
 
 
 def prepare(
@@ -167,7 +193,7 @@ def prepare(
     events: Events,
     *,
     gpus: Sequence[int] | None = None,
-    patches: dict[str, PatchInfo] | None = None,
+    patches: dict[Path, PatchInfo] | None = None,
 ) -> list[PreparedVariant]:
     """Validate patches, probe interpreters, build builtin models and overlays. Launches no server. (The caller
     then has each variant's vLLM check the scenario, for a whole run at once: `validate_run`.)
@@ -186,6 +212,7 @@ def prepare(
             events(Event(f"probing vLLM in {python}"))
             engines[python] = probe_engine(python, cache)
         engine = engines[python]
+        variant = for_engine(scenario, variant, engine)
         model = resolve_model_ref(scenario.server.model, python, cache)
         draft_ref = scenario.speculative.get("model")
         draft = resolve_model_ref(draft_ref, python, cache) if is_builtin(draft_ref) else None
@@ -193,7 +220,7 @@ def prepare(
         if variant.patch is not None:
             with _naming_patch(scenario, variant):
                 overlay = build_overlay(variant.patch, engine.package_dir, engine.vllm_version, cache)
-            patch_sha = patches[variant.name].sha256
+            patch_sha = patches[variant.patch].sha256
             events(Event(f"overlay {'reused' if overlay.reused else 'built'} at {overlay.root}", variant.name))
             for skipped in overlay.skipped_files:
                 events(Event(f"patch file outside vllm/ skipped: {skipped}", variant.name))

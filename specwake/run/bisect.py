@@ -44,6 +44,7 @@ from specwake.judge.expectations import EXPECTATIONS
 from specwake.judge.verdict import NOT_TESTED
 from specwake.prepare.engine import install_stamp, probe_engine, resolve_python
 from specwake.prepare.models import cache_dir
+from specwake.prepare.releases import ByRelease
 from specwake.prepare.scenario import Overrides, load_scenario
 from specwake.run.bisect_cache import Measured, keep, recall, step_key
 from specwake.run.session import RunRequest, execute
@@ -154,10 +155,10 @@ class Bisect:
         if chosen not in names:
             raise InputError(f"--variant {chosen}: {self.scenario.file} has {', '.join(names)}")
         variant = next(v for v in self.scenario.variants if v.name == chosen)
-        if variant.patch is not None:
+        if variant.patches is not None:
             raise InputError(
-                f"--variant {chosen}: it has a patch of its own ({variant.patch}); bisect overlays each commit's"
-                " diff onto the installed vLLM, so choose a variant without one"
+                f"--variant {chosen}: it has a patch of its own ({variant.patches.values()[0]}); bisect overlays each"
+                " commit's diff onto the installed vLLM, so choose a variant without one"
             )
         return chosen
 
@@ -200,7 +201,12 @@ class Bisect:
             write_atomic(patch, diff)
         variant = next(v for v in self.scenario.variants if v.name == self.variant)
         scenario = dataclasses.replace(
-            self.scenario, variants=(dataclasses.replace(variant, patch=patch, expected="any"),)
+            self.scenario,
+            variants=(
+                dataclasses.replace(
+                    variant, patches=ByRelease.plain(patch) if patch else None, expects=ByRelease.plain("any")
+                ),
+            ),
         )
         started = time.monotonic()
         request = RunRequest(

@@ -22,6 +22,7 @@ from typing import Any
 from specwake import __version__
 from specwake.files import write_cache
 from specwake.judge.verdict import NOT_TESTED, OUTCOMES
+from specwake.prepare.releases import ByRelease
 from specwake.prepare.scenario import Scenario
 
 FOLDER = "bisect"  # under specwake's cache (SPECWAKE_CACHE, else ~/.cache/specwake)
@@ -47,7 +48,9 @@ def step_key(scenario: Scenario, variant: str, diff: str, stamp: str) -> str:
     the diff overlaid, the scenario's resolved settings and prompts with `variant` alone, as the step runs it (no
     patch of its own, no expectation: the outcome is judged after), and specwake's version."""
     chosen = next(v for v in scenario.variants if v.name == variant)
-    ran = dataclasses.replace(scenario, variants=(dataclasses.replace(chosen, patch=None, expected="any"),))
+    ran = dataclasses.replace(
+        scenario, variants=(dataclasses.replace(chosen, patches=None, expects=ByRelease.plain("any")),)
+    )
     settings = {k: v for k, v in ran.settings().items() if k not in UNMEASURED}
     material = {
         "format": FORMAT,

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import httpx
 
-from specwake.events import Events
+from specwake.events import Event, Events
 from specwake.judge.expectations import COLLAPSE_AL
 from specwake.judge.verdict import RULES, speed_rule
 from specwake.prepare.checkpoint import checkpoints, tensor_lines
 from specwake.prepare.hub import Availability, availability, confirm_on_hub
 from specwake.prepare.models import is_builtin
 from specwake.prepare.plan import VariantPlan, redact_env
-from specwake.prepare.scenario import Overrides, Scenario, load_scenario
+from specwake.prepare.releases import is_tested, tested_span
+from specwake.prepare.scenario import Overrides, Scenario, Variant, load_scenario
 from specwake.prepare.scenario_file import WorkloadSection
 from specwake.prepare.variants import (
     PreparedVariant,
@@ -31,6 +32,7 @@ from specwake.prepare.variants import (
     overlay_under_ray,
     plan_servers,
     prepare,
+    untested_releases,
     validate_run,
 )
 from specwake.protocol import ROLES, PushRequest
@@ -79,6 +81,8 @@ def check_all(
     patches = [inspect_patches(s) for s in scenarios]
     prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]
     validate_run(scenarios, prepared, cache, events)
+    for line in untested_releases(prepared):
+        events(Event(line))
     problems = [p.platform_problem for variants in prepared for p in variants if p.platform_problem]
     on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
     if gpus is not None and on_gpu:
@@ -190,6 +194,30 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
     return lines
 
 
+def _by_release(variant: Variant) -> list[str]:
+    """The patch this variant applies and the expectation it is judged by, for the release its vLLM is, and for every
+    tested release where the scenario gives one per release."""
+    release = variant.release or "?"
+    lines = []
+    if variant.patches is not None:
+        spec = variant.patches.spec_for(release) if variant.patches.varies else ""
+        why = f", chosen by {spec!r}" if spec else ""
+        lines.append(f"    patch: {variant.patch} (for vLLM {release}{why})")
+        if variant.patches.varies:
+            lines.append(
+                "    patch per tested release: "
+                + ", ".join(f"{r} {p.name if p else 'none'}" for r, p in variant.patches.per_tested_release())
+            )
+    if variant.expects.varies:
+        spec = variant.expects.spec_for(release)
+        lines.append(f"    expectation: {variant.expected} for vLLM {release} (chosen by {spec!r})")
+        lines.append(
+            "    expectation per tested release: "
+            + ", ".join(f"{r} {e or 'none'}" for r, e in variant.expects.per_tested_release())
+        )
+    return lines
+
+
 _ENTRYPOINTS = {
     "cli": "vllm serve (vllm.entrypoints.cli.main)",
     "api_server": "vllm.entrypoints.openai.api_server through specwake.worker.serve (this vLLM cannot run "
@@ -213,9 +241,11 @@ def describe(
     for prep, servers in zip(prepared, plans, strict=True):
         engine = prep.engine
         lines.append(f"  variant {prep.variant.name}  (expect {prep.variant.expected})")
+        lines += _by_release(prep.variant)
         lines.append(f"    interpreter: {engine.python}  (Python {engine.python_version})")
         dists = ", ".join(engine.distributions) or engine.vllm_version
-        lines.append(f"    vLLM: {dists} at {engine.package_dir}  platform {engine.platform}")
+        untested = "" if is_tested(engine.vllm_version) else f"  (untested release; tested: {tested_span()})"
+        lines.append(f"    vLLM: {dists} at {engine.package_dir}  platform {engine.platform}{untested}")
         lines.append(f"    entry point: {_ENTRYPOINTS.get(engine.entrypoint, engine.entrypoint)}")
         if prep.overlay is not None:
             state = "reused" if prep.overlay.reused else "built"

@@ -21,6 +21,7 @@ from specwake.prepare.variants import (
     inspect_patches,
     prepare,
     require_runnable,
+    untested_releases,
     validate_run,
 )
 from specwake.report import render_markdown
@@ -106,7 +107,7 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
     previous = _previous(request.resume, scenarios) if request.resume is not None else {}
     # Bad input is reported before anything is created or launched.
     patches = {scenario.name: inspect_patches(scenario) for scenario in scenarios}
-    check_writable(request.resume or request.output)
+    check_writable(request.resume or request.output, "--resume" if request.resume else "--output")
     prepared: list[list[PreparedVariant]] = []
     for scenario in scenarios:
         kept = {v.name for v in _kept(previous.get(scenario.name))}
@@ -119,6 +120,8 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
     validate_run(scenarios, prepared, request.cache, events)
     for variants in prepared:
         require_runnable(variants)
+    for line in untested_releases(prepared):
+        events(Event(line))
     if shard is not None:  # a shard runs only the scenarios it has jobs of
         active = [(s, p) for s, p in zip(scenarios, prepared, strict=True) if p]
         if not active:

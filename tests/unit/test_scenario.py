@@ -46,7 +46,10 @@ def test_shipped_tiny_cpu_scenario_resolves() -> None:
         "patched": "recover",
     }
     patched = next(v for v in s.variants if v.name == "patched")
-    assert patched.patch == REPO / "scenarios" / "patches" / "draft-reload.diff"
+    patches = REPO / "scenarios" / "patches"
+    assert patched.patch is None  # one per release, chosen when the variant's vLLM is known
+    assert patched.for_release("0.32.0").patch == patches / "draft-reload.diff"
+    assert patched.for_release("0.34.0").patch == patches / "draft-reload-0.34.diff"
     assert s.speculative["num_speculative_tokens"] == 3
     assert s.cycle.count == 2 and s.workload.repeats == 5 and s.workload.max_tokens == 128
     assert s.min_speedup_recovery is None  # speed is advisory where the discard is emulated
