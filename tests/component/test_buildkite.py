@@ -173,3 +173,13 @@ def test_the_first_night_has_nothing_to_compare_and_passes(tmp_path: Path) -> No
 def test_the_merge_fails_the_build_when_a_shard_failed(tmp_path: Path) -> None:
     proc = merge(tmp_path, [tiny_cpu()], tiny_cpu(), "hard_failed")
     assert proc.returncode == 1 and "a shard failed (hard_failed)" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_a_weekly_build_runs_the_release_checks_and_the_canary_on_the_newest_vllm_and_nothing_else() -> None:
+    steps = pipeline()["steps"]
+    weekly = 'build.env("SPECWAKE_LATEST_VLLM") == "1"'
+    (latest,) = [s for s in steps if s.get("if") == weekly]
+    assert all(s.get("if") == weekly.replace("==", "!=") for s in steps if s is not latest)
+    command = latest["command"]
+    assert "pip install --upgrade vllm" in command and "[gpu]" not in command
+    assert command.index("make releases") < command.index("specwake run scenarios/tiny-gpu.toml")

@@ -245,3 +245,15 @@ def test_the_first_night_finds_no_kept_nights_and_goes_on(tmp_path: Path) -> Non
     )
     assert code == 0 and downloads == [], output
     assert "no nights to compare with" in output
+
+
+def test_a_weekly_job_runs_the_release_checks_and_the_canary_on_the_newest_vllm_and_nothing_else_runs_then() -> None:
+    flow = workflow()
+    weekly = [c["cron"] for c in flow[True]["schedule"] if c["cron"] != "17 2 * * *"]  # YAML reads `on:` as True
+    assert len(weekly) == 1 and weekly[0].endswith("1")  # a weekday: once a week
+    jobs = flow["jobs"]
+    assert f"github.event.schedule == '{weekly[0]}'" in jobs["latest-vllm"]["if"]
+    assert f"github.event.schedule != '{weekly[0]}'" in jobs["shard"]["if"] and weekly[0] in jobs["merge"]["if"]
+    runs = "\n".join(s.get("run", "") for s in jobs["latest-vllm"]["steps"])
+    assert "pip install --upgrade vllm" in runs and "[gpu]" not in runs  # the newest, not the extra's range
+    assert runs.index("make releases") < runs.index("specwake run scenarios/tiny-gpu.toml")
