@@ -4,9 +4,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.specwake-installed
 
-.PHONY: install demo families push sync dp check test lint clean
+.PHONY: install demo families push sync dp releases check test lint clean
 
 install: $(STAMP)
+
+# specwake with its test tools and no vLLM: what `make releases` needs (`install` gives it too).
+DEV_STAMP := $(VENV)/.specwake-dev-installed
+$(DEV_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(DEV_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +36,9 @@ $(STAMP): pyproject.toml
 demo: install
 	$(BIN)/specwake run scenarios/tiny-cpu.toml
 
-# Every drafter family that runs on CPU, stock vLLM against the reference fix: one combined report.
+# Every drafter family that runs on CPU, stock vLLM against the reference fix and vLLM's own workaround
+# (--sleep-preserve-parameter-names 'draft.*'), the emulated discard by 0.32/0.33's and by 0.34's L2 sleep rules: one
+# combined report (25 servers, about 5 minutes on 2 cores).
 # (The RL weight updates, push-*.toml and sync-*.toml, and data parallelism, dp-*.toml, have their own targets below.)
 FAMILIES := $(filter-out scenarios/cpu/push-% scenarios/cpu/sync-% scenarios/cpu/dp-%,$(wildcard scenarios/cpu/*.toml))
 
@@ -48,6 +57,13 @@ sync: install
 # engine 0 only.
 dp: install
 	$(BIN)/specwake run $(wildcard scenarios/cpu/dp-*.toml)
+
+# The newest vLLM on the registry and every tested release (specwake.prepare.releases.TESTED_RELEASES), each checked
+# against its GPU wheel's sources (downloaded once into specwake's cache, about 330 MB each): its patch applies, and the
+# vLLM that specwake's worker code and patches use, the flags its scenarios pass and the metrics it reads are there.
+# It installs no vLLM (it reads wheels): on a GPU machine whose .venv holds the newest vllm, `make releases` leaves it.
+releases: $(DEV_STAMP)
+	$(BIN)/python -m tests.helpers.release_check
 
 # The unit tier: in-process, no server, no subprocess; under a minute. Run it after every change.
 check: install

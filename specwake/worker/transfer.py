@@ -133,7 +133,9 @@ def manifest(sources: Iterable[WeightFiles], role: str, chunk: int = CHUNK_TENSO
 
 def _partial_load_allowed() -> contextlib.AbstractContextManager[None]:
     """A chunk holds some of a model's tensors: vLLM's MTP loaders check that a load saw every MTP layer, unless
-    told otherwise (`disable_mtp_completeness_check`, in the vLLM releases that have the check)."""
+    told otherwise (`disable_mtp_completeness_check`, 0.32 and 0.33). 0.34 has no such switch: its DeepSeek MTP loader
+    checks nothing, and Step5's, which still does, skips it while a weight update is active, as the engine's
+    start_weight_update marks (`start_reload`, model_loader/reload/lifecycle.py)."""
     try:
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
     except ImportError:

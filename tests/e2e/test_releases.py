@@ -1,42 +1,55 @@
-"""The GPU path held to the vLLM releases that `pip install 'specwake[gpu]'` can install, read from their sources.
+"""The GPU path held to the vLLM releases specwake is tested against, read from their sources.
 
-No GPU wheel can be installed here, so each release's Python files are downloaded once with pip into specwake's
-cache (tests/helpers/releases.py) and read: every shipped patch is applied to them exactly as specwake applies it
-(specwake.prepare.overlay.build_overlay), and every vLLM module, class, function and method that specwake's worker
-code (specwake/worker/*: the extension, draft_load.py, the weight-transfer engine, the config check) and the patched
-files use must exist in each release and accept the arguments passed (tests/helpers/vllm_api.py).
+The releases are specwake.prepare.releases.TESTED_RELEASES, one of each series that `pip install 'specwake[gpu]'` can
+install. No GPU wheel can be installed here, so each release's Python files are downloaded once with pip into
+specwake's cache (tests/helpers/releases.py) and read: each shipped patch is applied to the releases its header names,
+exactly as specwake applies it (specwake.prepare.overlay.build_overlay), and every vLLM module, class, function and
+method that specwake's worker code (specwake/worker/*: the extension, draft_load.py, the weight-transfer engine, the
+config check) and the patched files use must exist in each release and accept the arguments passed
+(tests/helpers/vllm_api.py). `make releases` (tests/helpers/release_check.py) runs the same checks on the newest
+release on the registry too.
 """
 
 from __future__ import annotations
 
 import ast
-import difflib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
-from packaging.version import Version
 
 from specwake.prepare.overlay import Overlay, build_overlay
 from specwake.prepare.plan import DYNAMO_DISABLE, EXECUTOR_FLAG, START_METHOD, data_parallel_rank_flags
+from specwake.prepare.releases import TESTED_RELEASES, series
 from specwake.prepare.server_args import RESERVED_FLAGS
 from tests.helpers.paths import REPO
 from tests.helpers.procs import launch_env
+from tests.helpers.release_check import (
+    METRIC_NAMES,
+    add_argument_flags,
+    flags_passed,
+    missing_metrics,
+    patched_uses,
+    server_flags,
+    shipped_scenarios,
+)
 from tests.helpers.releases import (
     DOWNLOAD_TIMEOUT_S,
+    PATCHES,
     gpu_requirement,
+    patch_family,
     patch_header_releases,
+    patches_for,
     release_tree,
     supported_releases,
 )
-from tests.helpers.vllm_api import check_uses
+from tests.helpers.vllm_api import V1_RUNNER, V2_RUNNER, check_uses
 
 # a release's first test downloads it (pip's own limit: DOWNLOAD_TIMEOUT_S) and builds every overlay on it
 pytestmark = pytest.mark.timeout(DOWNLOAD_TIMEOUT_S + 300)
 
-PATCHES = sorted((REPO / "scenarios" / "patches").glob("*.diff"))
 WORKER = sorted((REPO / "specwake" / "worker").glob("*.py"))
 RELEASES = supported_releases()
 
@@ -52,16 +65,41 @@ def allowed_series(requirement: str) -> set[tuple[int, int]]:
     }
 
 
-def test_the_releases_tested_are_the_ones_the_gpu_extra_installs():
+def test_each_fix_has_a_patch_for_each_tested_series_which_are_the_series_the_gpu_extra_allows():
+    """A fix is one patch per release series or one for several (draft-reload.diff and draft-reload-0.34.diff are
+    the reference fix): together a family's headers name each tested series once, and name no release these tests
+    do not apply them to."""
+    tested = {series(v) for v in TESTED_RELEASES}
     requirement = gpu_requirement()
+    assert tested == allowed_series(requirement), (
+        f"TESTED_RELEASES {TESTED_RELEASES}; pyproject's gpu extra ({requirement}) allows the series "
+        f"{sorted(allowed_series(requirement))}: test one release of each, and no other"
+    )
+    families: dict[str, list[Path]] = {}
     for patch in PATCHES:
-        named = patch_header_releases(patch)
-        assert all(Requirement(requirement).specifier.contains(v) for v in named), (patch.name, named, requirement)
-        series = {(Version(v).major, Version(v).minor) for v in named}
-        assert series == allowed_series(requirement), (
-            f"{patch.name} names {named}; pyproject's gpu extra ({requirement}) allows the series "
-            f"{sorted(allowed_series(requirement))}: name one release of each, and no other"
-        )
+        families.setdefault(patch_family(patch), []).append(patch)
+    assert {"draft-reload", "draft-reload-engine0"} <= set(families), sorted(families)
+    for family, patches in families.items():
+        named = {p.name: patch_header_releases(p) for p in patches}
+        untested = {name: [v for v in vs if v not in TESTED_RELEASES] for name, vs in named.items()}
+        assert not any(untested.values()), f"{family}: headers name releases that are not tested: {untested}"
+        covered = [series(v) for vs in named.values() for v in vs]
+        assert sorted(covered) == sorted(tested), f"{family}: {named} must name each of {TESTED_RELEASES} once"
+
+
+def test_every_shipped_scenario_applies_on_each_tested_release_a_patch_made_for_it():
+    resolved = 0
+    for scenario in shipped_scenarios():
+        for variant in scenario.variants:
+            if variant.patches is None:
+                continue
+            for release in TESTED_RELEASES:
+                patch = variant.for_release(release).patch
+                where = f"{scenario.file.relative_to(REPO)} variants.{variant.name} on vLLM {release}"
+                assert patch is not None, f"{where}: no patch"
+                assert release in patch_header_releases(patch), f"{where}: {patch.name} is not for it"
+                resolved += 1
+    assert resolved >= len(TESTED_RELEASES) * 10, resolved  # some 20 patched variants ship, each on each release
 
 
 @pytest.fixture(scope="module", params=RELEASES)
@@ -71,15 +109,17 @@ def release(request: pytest.FixtureRequest) -> tuple[str, Path]:
 
 @pytest.fixture(scope="module")
 def overlays(release, tmp_path_factory) -> dict[Path, Overlay]:
-    """Every shipped patch applied to the release by specwake's own overlay builder."""
+    """Each shipped patch made for the release (its header names it) applied by specwake's own overlay builder."""
     version, tree = release
     cache = tmp_path_factory.mktemp(f"overlays-{version}")
-    return {patch: build_overlay(patch, tree / "vllm", version, cache) for patch in PATCHES}
+    return {patch: build_overlay(patch, tree / "vllm", version, cache) for patch in patches_for(version)}
 
 
 def test_every_shipped_patch_applies(release, overlays):
     version, tree = release
-    assert PATCHES, "no shipped patch found"
+    assert {patch_family(p) for p in overlays} == {patch_family(p) for p in PATCHES}, (
+        f"a fix has no patch for {version}"
+    )
     for patch, overlay in overlays.items():
         assert overlay.patched_files, f"{patch.name} changed nothing in vLLM {version}"
         for rel in overlay.patched_files:
@@ -95,27 +135,29 @@ def test_worker_code_uses_only_what_the_release_has(release):
         report = check_uses(path.read_text(), tree)
         assert report.problems == [], f"{path.relative_to(REPO)} against vLLM {version}:\n" + "\n".join(report.problems)
         checked += report.checked
-    assert checked > 50, f"only {checked} uses of vLLM were found in specwake/worker: the walk is broken"
+    assert checked > 90, f"only {checked} uses of vLLM were found in specwake/worker: the walk is broken"
 
 
-def added_lines(original: str, patched: str) -> set[int]:
-    """Line numbers (1-based) of `patched` that a diff from `original` adds or changes."""
-    matcher = difflib.SequenceMatcher(None, original.splitlines(), patched.splitlines(), autojunk=False)
-    return {j + 1 for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("replace", "insert") for j in range(j1, j2)}
+def test_the_check_fails_a_call_that_no_model_runner_has(release):
+    """The worker's `runner` is each model runner the release may run it on (V1 and V2 before 0.34, V2 from 0.34): a
+    method none of them has, or one only the V1 runner has, is a finding on the releases concerned."""
+    version, tree = release
+    planted = "def reload(runner):\n    runner.get_model()\n    runner.reload_drafter_weights(weights_iterator=None)\n"
+    runners = (V1_RUNNER, V2_RUNNER) if version in ("0.32.0", "0.33.0") else (V2_RUNNER,)
+    found = check_uses(planted, tree).problems
+    assert found == [f"line 3: {r} has no attribute reload_drafter_weights" for r in runners], (version, found)
+    v1_only = "def run(runner):\n    return runner.drafter\n"  # the V1 runner's proposer; V2 has a `speculator`
+    found = check_uses(v1_only, tree).problems
+    assert found == [f"line 2: {V2_RUNNER} has no attribute drafter"], (version, found)
+    if V1_RUNNER not in runners:
+        assert not (tree / "vllm" / "v1" / "worker" / "gpu_model_runner.py").exists(), version
 
 
 def test_patched_code_uses_only_what_the_release_has(release, overlays):
     version, tree = release
     for patch, overlay in overlays.items():
-        for rel_name in overlay.patched_files:
-            path, rel = overlay.root / rel_name, Path(rel_name)
-            original = tree / rel
-            text = path.read_text()
-            lines = added_lines(original.read_text(), text) if original.is_file() else None
-            module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
-            report = check_uses(text, overlay.root, module_name=module, lines=lines)  # the patched release
-            assert report.problems == [], f"{patch.name}: {rel} against vLLM {version}:\n" + "\n".join(report.problems)
-            assert report.checked > 0, f"{patch.name}: no use of vLLM found in what it changes in {rel}"
+        report = patched_uses(overlay.root, overlay.patched_files, tree)  # the patched release
+        assert report.problems == [], f"{patch.name} against vLLM {version}:\n" + "\n".join(report.problems)
 
 
 def test_every_fallback_import_exists_in_some_release():
@@ -134,19 +176,29 @@ def test_every_fallback_import_exists_in_some_release():
     assert nowhere == [], f"guarded imports that no release in {RELEASES} has:\n" + "\n".join(nowhere)
 
 
+def test_every_flag_the_shipped_scenarios_start_a_server_with_is_the_releases(release):
+    """What build_server_command passes for every shipped scenario and variant: the engine's flags and the API
+    server's."""
+    version, tree = release
+    passed = flags_passed(shipped_scenarios())
+    assert {"--speculative-config", "--worker-extension-cls", "--enable-sleep-mode", "--seed"} <= set(passed)
+    unknown = {flag: where for flag, where in passed.items() if flag not in server_flags(tree)}
+    assert unknown == {}, f"vLLM {version} has no such flags: {unknown}"
+
+
+def test_every_metric_name_specwake_reads_is_named_in_the_release(release):
+    version, tree = release
+    assert missing_metrics(tree) == [], version
+    assert len(METRIC_NAMES) == 7
+
+
 def test_the_data_parallel_flags_specwake_sets_or_reserves_are_the_releases_own(release):
     """server.load_balancing's flags (plan.data_parallel_rank_flags) and every data-parallel and multi-node flag a
     scenario may not set are flags of the release's argument parser (--headless is the server's own, in its
     launcher's parser), and the release refuses external balancing of a dense model."""
     version, tree = release
     source = (tree / "vllm" / "engine" / "arg_utils.py").read_text()
-    defined = {
-        node.value
-        for call in ast.walk(ast.parse(source))
-        if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_argument"
-        for node in call.args
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("-")
-    }
+    defined = add_argument_flags(source)
     ours = {f for f in data_parallel_rank_flags(1, 2) if f.startswith("-")} | {"--data-parallel-size"}
     parallel = ("--data-parallel", "-dp", "--enable-expert", "-ep", "--nnodes", "-n", "--node-rank", "-r", "--master")
     reserved = {f for f in RESERVED_FLAGS if f.startswith(parallel)}
@@ -190,17 +242,74 @@ def test_rays_workers_get_no_pythonpath_from_the_server_before_they_import_vllm(
         assert '"update_environment_variables"' in executor
 
 
-def test_an_eager_cpu_request_meets_a_helper_compiled_by_inductor_which_torch_compile_off_leaves_plain(release):
-    """specwake.prepare.plan.DYNAMO_DISABLE: the rank count every logprobs request calls is compiled with the
-    platform's simple backend, which CPU's platform keeps at the default, Inductor; torch reads its off switch from the
-    environment."""
+def module_path(tree: Path, module: str) -> Path | None:
+    base = tree.joinpath(*module.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def imported_modules(tree: Path, start: str, within: str = "vllm.v1") -> dict[str, ast.Module]:
+    """The modules under `within` that module `start` imports, at any depth and from anywhere in a file (a function's
+    own imports too: the CPU worker imports some of its runners where it picks one), each parsed."""
+    seen: dict[str, ast.Module] = {}
+    todo = [start]
+    while todo:
+        name = todo.pop()
+        path = module_path(tree, name)
+        if name in seen or path is None:
+            continue
+        seen[name] = ast.parse(path.read_text(encoding="utf-8"))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(seen[name]):
+            found: list[str] = []
+            if isinstance(node, ast.Import):
+                found = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package
+                    for _ in range(node.level - 1):
+                        anchor = anchor.rpartition(".")[0]
+                    base = f"{anchor}.{base}" if base else anchor
+                found = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            todo += [m for m in found if m == within or m.startswith(within + ".")]
+    return seen
+
+
+def compiled_by_simple_backend(module: ast.Module) -> list[str]:
+    """The module's functions that torch.compile wraps with the platform's simple backend."""
+    return [
+        fn.name
+        for fn in module.body
+        if isinstance(fn, ast.FunctionDef)
+        and any(ast.unparse(d).startswith("torch.compile(") and "simple_compile_backend" in ast.unparse(d)
+                for d in fn.decorator_list)
+    ]  # fmt: skip
+
+
+def test_a_cpu_runners_logprobs_meet_helpers_compiled_by_inductor_which_torch_compile_off_leaves_plain(release):
+    """specwake.prepare.plan.DYNAMO_DISABLE: a model runner the CPU worker builds computes a logprobs request's
+    logprobs and ranks with helpers compiled with the platform's simple backend, which CPU's platform keeps at the
+    default, Inductor; torch reads its off switch from the environment. Found wherever the release keeps them: 0.32
+    and 0.33, the V1 sampler's rank count (v1/sample/ops/logprobs.py); 0.34, the logprob helpers of the CPU runner that
+    needs no Triton (v1/worker/cpu/logprob.py; the x86 runner, the V2 GPU runner's subclass, computes them in Triton
+    kernels, which the switch does not reach)."""
     version, tree = release
     vllm = tree / "vllm"
-    logprobs = ast.parse((vllm / "v1" / "sample" / "ops" / "logprobs.py").read_text())
-    (helper,) = [n for n in logprobs.body if isinstance(n, ast.FunctionDef) and n.name == "batched_count_greater_than"]
-    decorators = [ast.unparse(d) for d in helper.decorator_list]
-    assert any(d.startswith("torch.compile(") and "simple_compile_backend" in d for d in decorators), decorators
-    assert "batched_count_greater_than(logprobs," in (vllm / "v1" / "sample" / "sampler.py").read_text()
+    reached = imported_modules(tree, "vllm.v1.worker.cpu_worker")
+    helpers = {
+        f"{name}.{fn}"
+        for name, module in reached.items()
+        if "logprob" in name.rpartition(".")[2]
+        for fn in compiled_by_simple_backend(module)
+    }
+    called = {
+        ast.unparse(node.func).rpartition(".")[2]
+        for module in reached.values()
+        for node in ast.walk(module)
+        if isinstance(node, ast.Call)
+    }
+    met = sorted(h for h in helpers if h.rpartition(".")[2] in called)
+    assert met, f"vLLM {version}: no logprobs helper compiled with simple_compile_backend under the CPU worker"
     assert 'simple_compile_backend: str = "inductor"' in (vllm / "platforms" / "interface.py").read_text()
     assert "simple_compile_backend" not in (vllm / "platforms" / "cpu.py").read_text(), version
     # the installed torch: under the switch, torch.compile hands the function back as it is (nothing to compile)

@@ -4,8 +4,10 @@ A GPU wheel cannot be installed or imported here, but its Python files can be re
 downloads the wheel with pip (`pip download --no-deps vllm==0.33.0`), unpacks `vllm/**.py` into specwake's cache
 (`<cache>/vllm-sources/0.33.0/vllm/...`) and returns the folder that holds `vllm/`. Only the first call downloads.
 
-`supported_releases()` names the releases: those the reference patch's header lists, which must be the ones the
-`gpu` extra of pyproject.toml allows (tests/e2e/test_releases.py holds the two in agreement).
+`supported_releases()` names the releases: specwake.prepare.releases.TESTED_RELEASES, one of each series the `gpu`
+extra of pyproject.toml allows. Each shipped patch names in its header the releases it is for (`patch_header_releases`);
+tests/e2e/test_releases.py holds headers, tested releases, the extra and the scenarios' per-release patches in
+agreement.
 """
 
 from __future__ import annotations
@@ -24,24 +26,32 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from specwake.prepare.models import cache_dir
+from specwake.prepare.releases import TESTED_RELEASES
 from tests.helpers.paths import REPO
 
 PYPROJECT = REPO / "pyproject.toml"
-REFERENCE_PATCH = REPO / "scenarios" / "patches" / "draft-reload.diff"
+PATCHES = sorted((REPO / "scenarios" / "patches").glob("*.diff"))
 DOWNLOAD_TIMEOUT_S = 900
 _DONE = ".complete"  # written last: a folder without it is a download that did not finish
 # Where the patch header names its releases: "... in the directory that contains vllm/ (vLLM 0.32.0, 0.33.0)."
 _HEADER_RELEASES = re.compile(r"\(vLLM (\d+\.\d+\.\d+(?:, \d+\.\d+\.\d+)*)\)")
+# A patch for some release series only: draft-reload-0.34.diff is the draft-reload fix for 0.34.
+_SERIES_SUFFIX = re.compile(r"-\d+\.\d+$")
+
+
+def extra_requirement(extra: str, package: str) -> str:
+    """An extra's requirement of `package`, e.g. extra_requirement("gpu", "vllm") == "vllm>=0.32,<0.35"."""
+    extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"][extra]
+    (found,) = [r for r in extras if re.match(rf"{re.escape(package)}\s*[<>=!~;\[]", r)]
+    return found
 
 
 def gpu_requirement() -> str:
-    """The `gpu` extra's vllm requirement, e.g. "vllm>=0.32,<0.34"."""
-    extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["gpu"]
-    (vllm,) = [r for r in extras if r.replace(" ", "").startswith("vllm")]
-    return vllm
+    """The `gpu` extra's vllm requirement, e.g. "vllm>=0.32,<0.35"."""
+    return extra_requirement("gpu", "vllm")
 
 
-def patch_header_releases(patch: Path = REFERENCE_PATCH) -> list[str]:
+def patch_header_releases(patch: Path) -> list[str]:
     """The releases a shipped patch's header says it applies to."""
     found = _HEADER_RELEASES.search(patch.read_text().split("\ndiff --git ", 1)[0])
     if found is None:
@@ -49,8 +59,18 @@ def patch_header_releases(patch: Path = REFERENCE_PATCH) -> list[str]:
     return [v.strip() for v in found.group(1).split(",") if v.strip()]
 
 
+def patch_family(patch: Path) -> str:
+    """The fix a shipped patch is one release series' version of: draft-reload-0.34.diff → "draft-reload"."""
+    return _SERIES_SUFFIX.sub("", patch.stem)
+
+
+def patches_for(version: str) -> list[Path]:
+    """The shipped patches whose header names release `version`: those the release tests apply to it."""
+    return [p for p in PATCHES if version in patch_header_releases(p)]
+
+
 def supported_releases() -> list[str]:
-    return patch_header_releases()
+    return list(TESTED_RELEASES)
 
 
 def release_tree(version: str) -> Path:

