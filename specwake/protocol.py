@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
@@ -327,14 +328,36 @@ class TransferChunk:
         return cls(str(data["role"]), str(data["file"]), tuple(data["names"]), str(data.get("prefix", "")), scale)
 
 
+# -- the emulated Level-2 discard (specwake.worker.discard) ------------------------------------------------------------
+
+# Whose Level-2 sleep the emulated discard follows: "0.33" (vLLM 0.32 and 0.33: the weights pool dropped, buffers and
+# preserved parameters saved by name and written back) or "0.34" (only the allocations that hold nothing but
+# parameters the update rewrites are dropped; everything else is backed up to host memory). A scenario's
+# `discard_rules`; None: the rules of the vLLM the worker runs (release_rules).
+DISCARD_RULES = ("0.33", "0.34")
+
+
+def release_rules(version: str) -> str:
+    """The discard rules of a vLLM version: "0.34" from 0.34.0 on (its pre-releases and dev builds included), else
+    "0.33" (`0.32.0`, `0.33.1.dev12+g0123abcd`; a version that names no release reads as the older rules)."""
+    found = re.match(r"\s*v?(\d+)\.(\d+)", version)
+    release = (int(found[1]), int(found[2])) if found is not None else (0, 0)
+    return "0.34" if release >= (0, 34) else "0.33"
+
+
 @dataclass(frozen=True)
 class Discarded:
-    """What an emulated discard took from one model: tensors whose memory it overwrote, by kind, packed CPU weights
-    it made answer as discarded, and the buffers it kept (vLLM saves them across an L2 sleep)."""
+    """What an emulated discard did to one model, by kind: the tensors whose memory it overwrote (`parameter`,
+    `attribute`, `buffer`), the packed CPU weights it made answer as discarded (`packed`), and those it left as they
+    were (`*_kept`: what vLLM keeps or writes back across the sleep under the rules applied)."""
 
     parameter: int = 0
     attribute: int = 0
     packed: int = 0
+    buffer: int = 0
+    parameter_kept: int = 0
+    attribute_kept: int = 0
+    packed_kept: int = 0
     buffer_kept: int = 0
 
     @classmethod
@@ -344,16 +367,19 @@ class Discarded:
 
 @dataclass(frozen=True)
 class DiscardAnswer:
-    """One worker's answer to the emulated discard."""
+    """One worker's answer to the emulated discard: the rules it followed (DISCARD_RULES; "" in an older specwake's
+    answer) and the `--sleep-preserve-parameter-names` patterns it honoured."""
 
     fill: str
     filled_elements: int
     draft_present: bool
     models: dict[str, Discarded]  # role → what it lost (roles without a model are absent)
+    rules: str = ""
+    preserve: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         answer: dict[str, Any] = {"fill": self.fill, "filled_elements": self.filled_elements}
-        answer["draft_present"] = self.draft_present
+        answer |= {"draft_present": self.draft_present, "rules": self.rules, "preserve": list(self.preserve)}
         return answer | {role: asdict(counts) for role, counts in self.models.items()}
 
     @classmethod
@@ -363,7 +389,8 @@ class DiscardAnswer:
             return None
         models = {role: Discarded.from_dict(data[role]) for role in ROLES if isinstance(data.get(role), dict)}
         elements, draft = int(data.get("filled_elements") or 0), bool(data.get("draft_present"))
-        return cls(str(data.get("fill")), elements, draft, models)
+        rules, preserve = str(data.get("rules") or ""), tuple(str(p) for p in data.get("preserve") or ())
+        return cls(str(data.get("fill")), elements, draft, models, rules, preserve)
 
 
 @dataclass(frozen=True)

@@ -274,6 +274,9 @@ class VariantResult:
     push: Push | None = None  # when cycles push or sync weights instead of reloading
     # With data parallelism: engine → the outcome its own AL gives (the variant's is the worst); {} for one engine
     engine_outcomes: dict[str, str] = field(default_factory=dict)
+    # Warnings of vLLM's that bear on the cycle, quoted from the server's log (specwake.judge.log_warnings); [] where
+    # it printed none, and in results of specwake before this field
+    vllm_warnings: list[str] = field(default_factory=list)
 
     @property
     def not_run(self) -> bool:
@@ -324,6 +327,9 @@ class ScenarioResult:
     specwake_version: str
     schema: str = SCHEMA
     complete: bool = True
+    # The vLLM releases the specwake that ran it was tested against (specwake.prepare.releases); [] in results of
+    # specwake before this field (a report then takes its own list)
+    tested_releases: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:

@@ -47,14 +47,16 @@ def new_run_dir(root: Path, label: str, now: dt.datetime) -> Path:
     raise ResultsUnwritable(f"{root}: could not find a free run folder name")
 
 
-def check_writable(root: Path) -> None:
-    """Fail before anything is launched when results could not be written (exit 3, naming the path). Creates
-    nothing: a run refused later must not leave an empty results folder behind."""
+def check_writable(root: Path, flag: str = "--output") -> None:
+    """Fail before anything is launched when results could not be written: a file where the folder `flag` names (or
+    one above it) would be is bad input (exit 2), a folder refused to us the machine's problem (exit 3); each names
+    the path. Creates nothing: a run refused later must not leave an empty results folder behind."""
     existing = root
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
     if not existing.is_dir():
-        raise ResultsUnwritable(f"results folder not writable: {existing} is not a folder")
+        what = "is a file, not a folder" if existing.is_file() else "is not a folder"
+        raise InputError(f"{flag}: " + (f"{root}: " if existing != root else "") + f"{existing} {what}")
     try:
         if existing != root:  # the folders a run would create: their nearest existing parent must take one
             Path(tempfile.mkdtemp(dir=existing, prefix=".specwake-write-test-")).rmdir()

@@ -35,12 +35,15 @@ def report(
 ) -> None:
     """Print earlier runs as one report (Markdown for a PR comment, or JSON / CSV).
 
-    A results folder stands for its latest run (named on stderr) unless --all is given."""
+    A results folder stands for its latest run (named on stderr) unless --all is given. The Markdown fits one GitHub
+    comment (65,536 characters): a longer one leaves out evidence first and says so; each run folder's report.md
+    has it all."""
     from specwake.report import render_csv, render_json, render_markdown
+    from specwake.report.fit import COMMENT_LIMIT
     from specwake.report.plot import render_plot
 
     ui = Ui()
-    renderers = {"md": render_markdown, "json": render_json, "csv": render_csv}
+    renderers = {"md": lambda r: render_markdown(r, COMMENT_LIMIT), "json": render_json, "csv": render_csv}
     if fmt not in renderers:
         ui.error(f"--format: must be one of md, json, csv (got {fmt!r})")
         raise typer.Exit(EXIT_INPUT)

@@ -40,7 +40,8 @@ def run(
     sequential: Annotated[
         bool,
         typer.Option(
-            help="CPU: one server at a time (default: side by side, each on its own core, measuring one at a time)."
+            help="CPU: one server at a time (default: servers side by side, each on its own cores: measuring one at a"
+            " time where a speed call binds, measuring at once where none does)."
         ),
     ] = False,
     junit: Annotated[

@@ -16,18 +16,22 @@ Regressions:
 Runs of different scenario files are compared; the settings that differ are listed. When what a stage measures
 changed — the model, the drafter, K, max_tokens, the prompts — the regressions are listed but not counted (no
 exit 1) unless `force`. A different name alone (what `--pair` pairs) is no difference.
+
+A variant NEW never finished (an interrupted run) is named as unfinished: its missing stages, outcome and tok/s are
+not compared, what it did measure is. Where one run measured a variant's tok/s alone and the other side by side with
+other servers' work (StageResult.measured_alone), its stage ratios are marked and its tok/s call is advisory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specwake.errors import EXIT_FAIL, EXIT_PASS, InputError
 from specwake.judge.stats import Ratio, ratio
 from specwake.judge.trend import TrendCall, trend_call
-from specwake.results import ScenarioResult, StageResult, VariantResult
+from specwake.results import INCOMPLETE, ScenarioResult, StageResult, VariantResult
 
 MAX_AL_DROP = 0.05  # default: an AL drop beyond this fraction of the old AL is a regression
 MAX_TOKS_DROP = 0.10  # default: tok/s below 1 − this beyond the spread between runs is a regression
@@ -75,6 +79,9 @@ class Comparison:
     counted: bool = True  # whether the regressions count toward the exit code
     files_differ: bool = False  # the scenario files' sha256 differ (or one is unknown)
     speed_notes: list[str] = field(default_factory=list)  # per variant: the tok/s call between runs, and why
+    unfinished: list[str] = field(default_factory=list)  # "scenario / variant" NEW never finished (interrupted)
+    # per variant whose runs measured tok/s differently: "baseline: alone in old, side by side in new"
+    measured_differently: list[str] = field(default_factory=list)
 
     @property
     def counted_regressions(self) -> list[Row]:
@@ -198,6 +205,15 @@ def _speed_row(
     return row, found
 
 
+def measured_how(variant: VariantResult) -> str | None:
+    """How a variant's stages measured their tok/s: `alone`, `side by side` (other servers' work meanwhile), `partly
+    alone`; None where its result does not record it (specwake before measured_alone) or nothing was measured."""
+    marks = [s.measured_alone for s in variant.stages]
+    if not marks or None in marks:
+        return None
+    return "alone" if all(marks) else "side by side" if not any(marks) else "partly alone"
+
+
 def _describe(variant: VariantResult) -> str:
     return f"{variant.outcome} ({'matched' if variant.matched else 'expected ' + variant.expected})"
 
@@ -253,6 +269,8 @@ def compare(
     only_old = _only(list(old_vars), list(new_vars), new_name)
     only_new = _only(list(new_vars), list(old_vars), new_name)
     earlier_runs = [old, *(h for h in history if h is not old)]
+    unfinished: list[str] = []
+    differently: list[str] = []
     for name, new_var in new_vars.items():
         old_var = old_vars.get(name)
         if old_var is None:
@@ -260,22 +278,34 @@ def compare(
         old_stages = {s.name: s for s in old_var.stages}
         new_stages = {s.name: s for s in new_var.stages}
         prefix = f"{new_name} / {name}"
-        only_old += _only(list(old_stages), list(new_stages), prefix)
+        cut = new_var.outcome == INCOMPLETE  # interrupted: what it did not reach is not missing, nor its outcome
+        only_old += [] if cut else _only(list(old_stages), list(new_stages), prefix)
         only_new += _only(list(new_stages), list(old_stages), prefix)
-        outcome = _outcome_row(new_name, old_var, new_var)
+        unfinished += [prefix] if cut else []
+        outcome = None if cut else _outcome_row(new_name, old_var, new_var)
         if outcome is not None:
             rows.append(outcome)
+        how = (measured_how(old_var), measured_how(new_var))
+        moved = None not in how and how[0] != how[1]
+        differently += [f"{name}: {how[0]} in old, {how[1]} in new"] if moved else []
         for stage_name, new_stage in new_stages.items():
             old_stage = old_stages.get(stage_name)
             if old_stage is not None:
-                rows.append(_stage_row(new_name, name, old_stage, new_stage, max_al_drop))
+                stage_row = _stage_row(new_name, name, old_stage, new_stage, max_al_drop)
+                rows.append(replace(stage_row, call=f"{how[0]} → {how[1]}") if moved else stage_row)
+        if cut:
+            notes.append(f"{name}: not called, the new run did not finish it")
+            continue
         earlier = [v for run in earlier_runs for v in run.variants if v.name == name]
         emulated = any(v.l2_discard == "emulated" for v in (*earlier, new_var))
-        speed, found = _speed_row(new_name, name, earlier, new_var, max_toks_drop, count_emulated_speed or not emulated)
+        binds = (count_emulated_speed or not emulated) and not moved
+        speed, found = _speed_row(new_name, name, earlier, new_var, max_toks_drop, binds)
         rows.append(speed)
         advisory = (
             " — advisory: the L2 discard was emulated (CPU); --count-emulated-speed counts it"
             if (emulated and not count_emulated_speed)
+            else f" — advisory: tok/s measured {how[0]} in old, {how[1]} in new"
+            if moved
             else ""
         )
         notes.append(f"{name}: {found.word}, {found.reason}{advisory}")
@@ -283,8 +313,9 @@ def compare(
     counted = force or not measurement_changed
     files_differ = not old_sha or old_sha != new_sha
     return Comparison(
-        rows, regressions, only_old, only_new, differences, measurement_changed, counted, files_differ, notes
-    )
+        rows, regressions, only_old, only_new, differences, measurement_changed, counted, files_differ, notes,
+        unfinished, differently,
+    )  # fmt: skip
 
 
 def pair_scenarios(

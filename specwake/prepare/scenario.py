@@ -56,6 +56,7 @@ class Variant:
     push_to: tuple[str, ...] = ("target",)  # with [cycle] reload = "push"
     push_scale: tuple[tuple[str, float], ...] = ()  # a perturbed push or sync (see VariantSection)
     push_skip: tuple[str, ...] = ()  # a partial push or sync
+    discard_rules: str | None = None  # whose L2 sleep an emulated discard follows; None: the installed vLLM's
     release: str | None = None  # the vLLM version `patch` and `expected` answer for; None before preparation
     patch_from_flag: bool = False  # the patch is --patch's, not the file's
 
@@ -130,6 +131,7 @@ class Scenario:
                 "push_to": list(v.push_to),
                 "push_scale": dict(v.push_scale),
                 "push_skip": list(v.push_skip),
+                "discard_rules": v.discard_rules,
             }
             for v in self.variants
         }
@@ -342,6 +344,7 @@ def _resolve_variant(
                 tuple(section.push_to or doc.cycle.push_to),
                 tuple(sorted(section.push_scale.items())),
                 tuple(section.push_skip),
+                discard_rules=section.discard_rules or doc.cycle.discard_rules,
                 patch_from_flag=name == "patched" and overrides.patch is not None,
             )  # fmt: skip
         )

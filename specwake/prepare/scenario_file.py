@@ -225,6 +225,9 @@ def _entries(value: Any) -> Any:
     return value
 
 
+DiscardRules = Literal["0.33", "0.34"]  # protocol.DISCARD_RULES (a unit test holds the two alike)
+
+
 class CycleSection(_Strict):
     # A list runs every variant once per level (its name gets "-L1", "-L2"): L1 and L2 side by side.
     level: Level | list[Level] = 2
@@ -238,6 +241,10 @@ class CycleSection(_Strict):
     # What an emulated discard leaves in the parameters. A real L2 wake on CUDA hands back memory it did not
     # clear, so a drafter that is never reloaded holds undefined values there, not zeros.
     discard_fill: Literal["zero", "nan", "random"] = "zero"
+    # Whose L2 sleep an emulated discard follows (protocol.DISCARD_RULES): "0.33" (vLLM 0.32/0.33: every parameter
+    # and plain tensor attribute; buffers kept) or "0.34" (the storages of parameters only); each variant may set its
+    # own. Omitted: the rules of the vLLM the variant runs.
+    discard_rules: DiscardRules | None = None
     step_timeout_s: float = Field(default=300, gt=0)
 
     _level = field_validator("level")(_distinct)
@@ -274,6 +281,8 @@ class VariantSection(_Strict):
     push_scale: dict[str, float] = Field(default_factory=dict)
     # A partial push or sync: checkpoint tensor names (or globs) left out, with the same `draft:` / `target:` prefixes.
     push_skip: list[str] = Field(default_factory=list)
+    # This variant's [cycle] discard_rules: "0.33" or "0.34" (default: the cycle's)
+    discard_rules: DiscardRules | None = None
 
     _args_list = field_validator("args", mode="before")(args_is_list)
     _args_free = field_validator("args")(no_reserved_flags)

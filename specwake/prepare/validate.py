@@ -141,8 +141,22 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
             raise ScenarioError(file, where, f"vLLM {version}: {problem}")
         raise ScenarioError(file, "cycle.reload", f'"{scenario.cycle.reload}": vLLM {version}: {problem}')
     if answer.get("semantic_problem"):
-        reason = f"vLLM {version}'s SpeculativeConfig refuses it: {answer['semantic_problem']}"
-        raise ScenarioError(file, "speculative", reason)
+        problem = str(answer["semantic_problem"])
+        reason = f"vLLM {version}'s SpeculativeConfig refuses it: {problem}"
+        raise ScenarioError(file, _semantic_key(scenario, problem), reason)
+
+
+def _semantic_key(scenario: Scenario, problem: str) -> str:
+    """The key a refusal of vLLM's SpeculativeConfig is about: a tensor-parallel size the drafter's heads do not
+    divide into is the draft's own size where the table sets one, else the server's (the drafter takes the target's);
+    anything else, the [speculative] table."""
+    if "draft_tensor_parallel_size" in problem:
+        return "speculative.draft_tensor_parallel_size"
+    if "tensor parallel size" in problem.lower() or "tensor_parallel_size" in problem:
+        if "draft_tensor_parallel_size" in scenario.speculative:
+            return "speculative.draft_tensor_parallel_size"
+        return "server.tensor_parallel_size"
+    return "speculative"
 
 
 # A variant to check, its engine, and its model and drafter references as the server gets them.

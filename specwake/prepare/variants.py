@@ -29,6 +29,7 @@ from specwake.prepare.plan import (
 from specwake.prepare.releases import is_tested, tested_span
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.prepare.validate import validate_variants
+from specwake.protocol import release_rules
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder that holds the specwake package
 
@@ -241,18 +242,18 @@ def validate_run(
     validate_variants(checks, cache, events)
 
 
-PRESERVE_FLAG = "--sleep-preserve-parameter-names"
+def emulated_rules(prep: PreparedVariant) -> str | None:
+    """Whose L2 sleep this variant's emulated discard follows (protocol.DISCARD_RULES): its `discard_rules`, else its
+    vLLM's own; None where the discard is native."""
+    if prep.l2_discard != "emulated":
+        return None
+    return prep.variant.discard_rules or release_rules(prep.engine.vllm_version)
 
 
 def cpu_no_ops(prep: PreparedVariant, pushing: bool) -> list[str]:
-    """Variant settings that have no effect on this engine, said before anything runs."""
+    """Variant settings that have no effect on this engine, said before anything runs. (vLLM's CPU build ignores
+    --sleep-preserve-parameter-names too, but the emulated discard honours it as the release of its rules does.)"""
     notes = []
-    flags = [arg.split("=", 1)[0] for arg in prep.variant.args]
-    if PRESERVE_FLAG in flags and not prep.engine.is_gpu:
-        notes.append(
-            f"{PRESERVE_FLAG} does nothing on CPU: vLLM saves only parameters that are not already in host memory "
-            "(gpu_worker.py _save_sleep_parameters); here this variant measures stock vLLM"
-        )
     if sleep_ignored(prep.variant.level, prep.l2_discard, pushing):
         notes.append(
             f"{SLEEP_IGNORED}, and specwake emulates only the L2 discard: this L1 variant's cycles test nothing, its"

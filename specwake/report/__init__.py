@@ -4,7 +4,7 @@ PNG plot (plot). Nothing here talks to a server: a ruff rule (specwake/report/ru
 """
 
 from specwake.report.frames import STAGE_COLUMNS, render_csv, render_json, stages_frame
-from specwake.report.summary import matrix, provenance_line, render_markdown, verdict_line
+from specwake.report.summary import provenance_line, render_markdown, verdict_line
 from specwake.results import ScenarioResult, to_json
 from specwake.runfolder import REPORT_FILE, RESULT_FILE, STAGES_FILE
 
@@ -16,7 +16,6 @@ def run_files(result: ScenarioResult) -> dict[str, str]:
 
 __all__ = [
     "STAGE_COLUMNS",
-    "matrix",
     "provenance_line",
     "render_csv",
     "render_json",

@@ -48,6 +48,14 @@ def render_comparison_markdown(c: Comparison) -> str:
     if count and not c.counted:
         headline += " (not counted: measured under different settings)"
     lines = [headline]
+    if c.unfinished:
+        left = ", ".join(cell(k) for k in c.unfinished)
+        lines += ["", f"The new run is incomplete (interrupted): {left} unfinished. What they did not measure is not"
+                  " compared and counts as no regression; `specwake run … --resume` finishes them."]  # fmt: skip
+    if c.measured_differently:
+        how = "; ".join(cell(note) for note in c.measured_differently)
+        lines += ["", f"tok/s measured differently — {how}: alone, or beside other servers' work; the ratios compare"
+                  " different conditions, and the tok/s call is advisory."]  # fmt: skip
     if c.differences:
         label = "Settings differ" + (" — what a stage measures changed" if c.measurement_changed else "")
         lines += ["", f"{label}: " + "; ".join(cell(str(d)) for d in c.differences)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 
 from specwake.judge.stats import Slope, slope
 from specwake.protocol import AWAKE_POINT
@@ -119,6 +120,22 @@ def _median_ms(values: Sequence[float | None]) -> float | None:
     return statistics.median(known) * 1000 if known else None
 
 
+def _within_al(s: Slope, variant: VariantResult, cycles: Sequence[int]) -> Slope:
+    """The AL slope and its interval held to what AL can do: AL lies in [1, K + 1], so over the cycles measured it
+    changes by at most K, at most K / (last − first cycle) a cycle. A t interval of few noisy cycles (3 cycles: 1
+    degree of freedom, t = 12.7) would otherwise claim changes no drafter can make."""
+    k = max((len(stage.per_position) for stage in variant.stages), default=0)
+    span = max(cycles, default=0) - min(cycles, default=0)
+    if not k or not span or s.value is None:
+        return s
+    most = k / span
+
+    def held(x: float | None) -> float | None:
+        return None if x is None else min(max(x, -most), most)
+
+    return replace(s, value=held(s.value), ci_low=held(s.ci_low), ci_high=held(s.ci_high))
+
+
 def _slope_text(s: Slope, unit: str, digits: int) -> str:
     if s.value is None:
         return MISSING
@@ -137,7 +154,7 @@ def drift_line(variant: VariantResult) -> str | None:
     parts = [
         f"host RSS {_slope_text(slope(list(rss), [v / MIB for v in rss.values()]), 'MiB', 2)}",
         f"wake {_slope_text(slope(list(wakes), list(wakes.values())), 's', 4)}",
-        f"AL {_slope_text(slope(list(als), list(als.values())), '', 4)}".rstrip(),
+        f"AL {_slope_text(_within_al(slope(list(als), list(als.values())), variant, list(als)), '', 4)}".rstrip(),
     ]
     count = max(len(rss), len(wakes), len(als))
     return inline(f"- **{variant.name}** drift per cycle over {count} cycles: " + ", ".join(parts))

@@ -62,7 +62,7 @@ def _diagnostic_lines(variant: VariantResult) -> list[str]:
         lines.append("- time: " + " · ".join(parts))
     discarded = discard_line(variant.steps)
     if discarded is not None:
-        lines.append(discarded)
+        lines.append(f"- {discarded}")
     if variant.diagnostics:
         weights = [weights_line(variant.diagnostics, role) for role in ROLES]
         weights += [uncovered_line(variant.diagnostics, role) for role in ROLES]

@@ -5,6 +5,8 @@ Pure string functions; nothing here knows about results.
 
 from __future__ import annotations
 
+import re
+
 from specwake.judge.stats import Ratio
 
 MISSING = "–"
@@ -26,9 +28,15 @@ def ratio_cell(r: Ratio | None) -> str:
     return f"{r.value:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
 
 
+# A `<` that could open raw HTML: a tag, a closing tag, a comment or declaration, a processing instruction (CommonMark
+# 6.6); any other `<` (`n<6`, `a < b`) is text as it stands.
+_TAG_OPEN = re.compile(r"<(?=[A-Za-z/!?])")
+
+
 def inline(text: str) -> str:
-    """Free text made safe for one Markdown line (no raw HTML tags, no line breaks)."""
-    return text.replace("<", "&lt;").replace("\n", " ")
+    """Free text made safe for one Markdown line: no raw HTML (a `<` that could open a tag is `&lt;`, any other is
+    left as written), no line breaks."""
+    return _TAG_OPEN.sub("&lt;", text).replace("\n", " ")
 
 
 def cell(text: str) -> str:

@@ -13,6 +13,7 @@ stage, or no drafts). Pure: numbers and strings; the chart is specwake.report.tr
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -199,13 +200,22 @@ def trend_cell(values: Sequence[Value], digits: int) -> str:
 
 
 LEGEND = (
-    "<sub>One character per night, oldest first, tonight last; then tonight's value and, where the nights differ,"
+    "<sub>One character per {one}, oldest first, {last} last; then {last}'s value and, where the {one}s differ,"
     " their range. Each cell has its own scale: ▁ its lowest value, █ its highest, over at least {span} % of its"
     " largest value (a smaller change moves a character or two, never the full height). {absent} not in that"
-    " night's results; {nothing} in them, nothing measured (a crash, or no drafts). AL after wake: the lowest AL of"
+    " {one}'s results; {nothing} in them, nothing measured (a crash, or no drafts). AL after wake: the lowest AL of"
     " the stages after a cycle. tok/s: the geometric mean of the stages' median tok/s, the level the tok/s call"
     " compares.</sub>"
 )
+NIGHTS_APART = dt.timedelta(hours=12)  # runs closer than this are runs, not nights (a rerun, a test of the setup)
+
+
+def unit(nights: Sequence[Night]) -> tuple[str, str]:
+    """What the runs compared are called: ("night", "tonight") when each started at least NIGHTS_APART after the one
+    before, else ("run", "the newest") — two runs minutes apart are not two nights."""
+    starts = [moment(night.started_at) for night in nights]
+    apart = all(a is not None and b is not None and b - a >= NIGHTS_APART for a, b in itertools.pairwise(starts))
+    return ("night", "tonight") if apart else ("run", "the newest")
 
 
 def render_trend_markdown(trend: Trend) -> str:
@@ -214,12 +224,14 @@ def render_trend_markdown(trend: Trend) -> str:
     if not nights:
         return ""
     span = f"{nights[0].label} → {nights[-1].label}" if len(nights) > 1 else nights[0].label
-    lines = [f"### Trend over {len(nights)} night{'s' if len(nights) != 1 else ''} ({span})", ""]
+    one, last = unit(nights)
+    lines = [f"### Trend over {len(nights)} {one}{'s' if len(nights) != 1 else ''} ({span})", ""]
     lines += ["| scenario | variant | " + " | ".join(TITLES[q] for q in QUANTITIES) + " |"]
     lines += ["| --- | --- | " + " | ".join("---" for _ in QUANTITIES) + " |"]
     for s in trend.series:
         cells = [cell(s.scenario), cell(s.variant)]
         cells += [trend_cell(s.values(q), DIGITS[q]) for q in QUANTITIES]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", LEGEND.format(span=round(MIN_SPAN * 100), absent=ABSENT, nothing=NOTHING)]
+    legend = LEGEND.format(one=one, last=last, span=round(MIN_SPAN * 100), absent=ABSENT, nothing=NOTHING)
+    lines += ["", legend]
     return "\n".join(lines) + "\n"

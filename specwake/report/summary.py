@@ -1,15 +1,16 @@
-"""The PR-comment Markdown of finished runs: verdict line, scenario × variant matrix, a stage table per scenario,
-one line per variant saying why, and the provenance footer."""
+"""The PR-comment Markdown of finished runs: the verdict line and the compact table of every scenario × variant
+(report/overview.py), then per scenario its stage table and one line per variant saying why (folded), each variant's
+evidence (folded) and the provenance footer; shortened to fit one GitHub comment where asked (report/fit.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from specwake.judge.sequential import DEFAULT_MIN_REPEATS
 from specwake.judge.stats import ratio
 from specwake.judge.verdict import (
-    NOT_TESTED,
     SpeedRule,
     outcome_matches,
     recorded_speed_rule,
@@ -22,15 +23,28 @@ from specwake.report.columns import TABLE, StageView, table_cells
 from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
 from specwake.report.details import details
 from specwake.report.explain import NOT_RUN, explain, unrestored_drafter
+from specwake.report.fit import Block, fit
 from specwake.report.markdown import MISSING, cell, inline, ratio_cell, short_sha
+from specwake.report.overview import (
+    compact_table,
+    count_phrase,
+    mark,
+    resume_lines,
+    run_labels,
+    untested_release_line,
+)
 from specwake.report.rows import after_samples, stage_rows
-from specwake.report.weights import restore_text
+from specwake.report.weights import discard_rules, restore_text
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
 
 EMULATED_NOTE = (
     "L2 discard emulated on CPU: after /sleep?level=2 specwake overwrote every parameter and plain tensor attribute "
     "of target and drafter ({fill}), kept the buffers (vLLM copies them to host memory across an L2 sleep) and made "
     "the packed CPU copies of linear layers answer as discarded until a reload replaces them; {restored}"
+)
+NEWER_RULES_NOTE = (
+    " {names} followed vLLM 0.34's L2 sleep instead: only the storages of parameters were overwritten, buffers and"
+    " plain tensor attributes in memory of their own kept"
 )
 FILL_WORDS = {"zero": "zeros", "nan": "NaN", "random": "random values, like memory CUDA hands back uncleared"}
 RESET_NOTE = "† a counter went backwards during this stage (engine restarted): its numbers count from the restart"
@@ -62,14 +76,6 @@ def _table(result: ScenarioResult) -> list[str]:
     return [_row(heads, widths, aligns), _row(aligns, widths, aligns), *(_row(c, widths, aligns) for c in body)]
 
 
-def _mark(variant: VariantResult) -> str:
-    if variant.outcome in NOT_TESTED:
-        return "⚠"
-    if variant.outcome == INCOMPLETE:
-        return "…"
-    return "✓" if variant.matched else "✗"
-
-
 def _speed_text(variant: VariantResult, rule: SpeedRule) -> str:
     call = speed_after_cycles(variant.stages, rule.min_ratio)
     if call is None:
@@ -84,9 +90,14 @@ def _speed_text(variant: VariantResult, rule: SpeedRule) -> str:
 def _variant_line(variant: VariantResult, tolerance: float, rule: SpeedRule) -> str:
     found = f"; **findings**: {'; '.join(variant.findings)}" if variant.findings else ""
     return inline(
-        f"- **{variant.name}**: {variant.outcome} (expected {variant.expected}) {_mark(variant)}{_pushed(variant)}"
-        f" — {explain(variant, tolerance)}{found}{_speed_text(variant, rule)}{_alone_text(variant)}"
+        f"- **{variant.name}**: {variant.outcome} (expected {variant.expected}) {mark(variant)}{_pushed(variant)}"
+        f" — {explain(variant, tolerance)}{_warned(variant)}{found}{_speed_text(variant, rule)}{_alone_text(variant)}"
     )
+
+
+def _warned(variant: VariantResult) -> str:
+    """What vLLM itself warned of in the variant's log (the draft discard of vLLM 0.34), quoted."""
+    return "".join(f"; vLLM warned: “{quote}”" for quote in variant.vllm_warnings)
 
 
 def _alone_text(variant: VariantResult) -> str:
@@ -227,14 +238,25 @@ def _early(work: dict[str, Any], server: dict[str, Any]) -> str:
     return f" ({least}–{repeats} after a cycle)"
 
 
-def _scenario_section(result: ScenarioResult, name_run: bool = False) -> list[str]:
-    """One scenario's section; `name_run`: its heading says which run it is (several runs of one scenario)."""
+@dataclass(frozen=True)
+class Section:
+    """One scenario's part of the report: its heading and setup (always shown), its stage table with a line per
+    variant and the notes below them (folded), each variant's evidence (folded), and its provenance footer."""
+
+    head: tuple[str, ...]
+    stages: tuple[str, ...]
+    evidence: tuple[tuple[bool, tuple[str, ...]], ...]  # (as expected, its block) per variant that has any
+    footer: str
+    passed: bool
+
+
+def _scenario_section(result: ScenarioResult, label: str) -> Section:
+    """One scenario's section; `label` names it (with what tells it apart from other runs of the scenario)."""
     tolerance = recorded_tolerance(result)
     icon = _VERDICT_ICON.get(result.verdict, "⚠️")
     status = result.verdict.upper() + ("" if result.complete else " (incomplete run)")
-    run = f" — run {result.started_at}" if name_run else ""
-    lines = [f"### {inline(result.name)}{inline(run)} — {icon} {status}", "", *_setup_line(result)]
-    lines += [*_table(result), ""]
+    head = [f"### {inline(label)} — {icon} {status}", "", *_setup_line(result)]
+    lines = [*_table(result), ""]
     lines += [_variant_line(v, tolerance, recorded_speed_rule(result, v)) for v in result.variants]
     lines += _patched_vs_baseline(result.variants)
     lines += _floor_lines(result.variants)
@@ -249,11 +271,14 @@ def _scenario_section(result: ScenarioResult, name_run: bool = False) -> list[st
         restored = RELOAD_KINDS.get(str(cycle.get("reload")), RELOAD_KIND).restored_by
         pushed = "; ".join(f"{v.name}: {' and '.join(v.push.to)}" for v in result.variants if v.push is not None)
         note = EMULATED_NOTE.format(fill=fill, restored=restored.format(pushed=pushed))
+        newer = [v.name for v in result.variants if discard_rules(v.steps) == "0.34"]
+        note += f".{NEWER_RULES_NOTE.format(names=', '.join(newer))}" if newer else ""
         lines += ["", f"> {note}"]
-    for variant in result.variants:
-        block = details(variant)
-        lines += ["", *block] if block else []
-    return lines + ["", provenance_line(result)]
+    summary = f"{label}: stage table, and why each variant's outcome"
+    stages = ["<details>", f"<summary>{inline(summary)}</summary>", "", *lines, "", "</details>"]
+    evidence = tuple((v.matched, tuple(block)) for v in result.variants if (block := details(v)))
+    passed = result.complete and all(v.matched for v in result.variants)
+    return Section(tuple(head), tuple(stages), evidence, provenance_line(result), passed)
 
 
 def _overall(verdicts: Sequence[str]) -> str:
@@ -294,41 +319,49 @@ def verdict_line(results: Sequence[ScenarioResult]) -> str:
     overall = _overall([r.verdict for r in results])
     variants = [v for r in results for v in r.variants]
     matched = sum(1 for v in variants if v.matched)
-    count = f"{len(results)} scenario{'' if len(results) == 1 else 's'}"
+    count = count_phrase(results)
     line = f"specwake: {_VERDICT_ICON[overall]} {overall.upper()} — {count}, {matched}/{len(variants)} variants"
     line += " as expected"
     offenders = _offenders(results)
     return inline(line + (" — " + "; ".join(offenders) if offenders else ""))
 
 
-def _matrix_cell(variant: VariantResult | None) -> str:
-    if variant is None:
-        return MISSING
-    if variant.outcome in (*NOT_TESTED, INCOMPLETE) or not variant.matched:
-        outcome = NOT_RUN if variant.not_run else variant.outcome
-        return f"{outcome} {_mark(variant)} (expected {variant.expected})"
-    return f"{variant.outcome} {_mark(variant)}"
+# What a shortened report leaves out first: evidence of variants as expected, then of the others, then the stage
+# tables of scenarios that passed, then of the others, then whole sections of scenarios that passed.
+_EVIDENCE = ("variant's evidence (`<details>` block)", "variants' evidence (`<details>` blocks)")
+_STAGES = ("scenario's stage table and verdict lines", "scenarios' stage tables and verdict lines")
+_SECTION = ("passing scenario's section", "passing scenarios' sections")
 
 
-def matrix(results: Sequence[ScenarioResult]) -> list[str]:
-    """Scenario × variant outcomes at a glance (for a run of several scenarios, e.g. the CPU family matrix)."""
-    names = _unique([v.name for r in results for v in r.variants])
-    lines = ["| scenario | " + " | ".join(cell(n) for n in names) + " |", "| --- |" + " --- |" * len(names)]
-    scenarios = [r.name for r in results]
-    for result in results:
-        by_name = {v.name: v for v in result.variants}
-        cells = [cell(_matrix_cell(by_name.get(n))) for n in names]
-        label = result.name + (f" ({result.started_at})" if scenarios.count(result.name) > 1 else "")
-        lines.append(f"| {cell(label)} | " + " | ".join(cells) + " |")
-    return lines
+def _blocks(sections: Sequence[Section]) -> list[Block]:
+    blocks = []
+    for section in sections:
+        blocks.append(Block(("", *section.head), 4 if section.passed else None, _SECTION))
+        blocks.append(Block((*section.stages, ""), 2 if section.passed else 3, _STAGES))
+        blocks += [Block((*lines, ""), 0 if matched else 1, _EVIDENCE) for matched, lines in section.evidence]
+        blocks.append(Block((section.footer,), 4 if section.passed else None, _SECTION))
+    return blocks
 
 
-def render_markdown(results: Sequence[ScenarioResult]) -> str:
-    """The PR-comment Markdown of one or more scenario results (several: with a scenario × variant matrix)."""
-    lines = [f"## {verdict_line(results)}"]
-    if len(results) > 1:
-        lines += ["", *matrix(results)]
-    names = [r.name for r in results]
-    for result in results:
-        lines += ["", *_scenario_section(result, name_run=names.count(result.name) > 1)]
-    return "\n".join(lines) + "\n"
+def _where(results: Sequence[ScenarioResult]) -> str:
+    """Where a shortened report's rest is: the report.md of each run folder."""
+    runs = list(dict.fromkeys(str(r.scenario["run"]) for r in results if r.scenario.get("run")))
+    if not runs:
+        return "The run folder's report.md has everything."
+    shown = ", ".join(f"`{run}`" for run in runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+    return f"Each run folder's report.md has everything ({shown})."
+
+
+def render_markdown(results: Sequence[ScenarioResult], limit: int | None = None) -> str:
+    """The PR-comment Markdown of one or more scenario results; with `limit`, shortened to at most that many characters
+    (report/fit.py: COMMENT_LIMIT for one GitHub comment), saying what was left out and where it is."""
+    labels = run_labels(results)
+    top = [f"## {verdict_line(results)}", ""]
+    for note in [*untested_release_line(results), *resume_lines(results)]:
+        top += [note, ""]
+    top += compact_table(results, labels)
+    sections = [_scenario_section(result, label) for result, label in zip(results, labels, strict=True)]
+    kept, shortened = fit([Block(tuple(top)), *_blocks(sections)], limit, _where(results))
+    head, *rest = kept  # the top is never left out: the note follows it
+    lines = [*head.lines, *(["", *shortened] if shortened else []), *(line for block in rest for line in block.lines)]
+    return "\n".join(lines).rstrip("\n") + "\n"

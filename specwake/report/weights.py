@@ -143,27 +143,44 @@ def checker_line(diagnostics: Sequence[Diagnostic]) -> str | None:
     return f"{CHECKER}: {'; '.join(parts) or 'not compared'}{verdict}"
 
 
+def discard_rules(steps: Sequence[Any]) -> str | None:
+    """Whose L2 sleep the first emulated discard followed ("0.33", "0.34"), as its answer says; None without one (or
+    from a specwake that did not say)."""
+    step = next((s for s in steps if getattr(s, "name", None) == "discard" and getattr(s, "response", None)), None)
+    results = step.response.get("results") if step is not None and isinstance(step.response, dict) else None
+    rules = {answer.rules for answer in map(DiscardAnswer.from_dict, results or []) if answer is not None}
+    return rules.pop() if len(rules) == 1 and "" not in rules else None
+
+
 def discard_line(steps: Sequence[Any]) -> str | None:
-    """What the first emulated discard took, per model: `discarded — target: 15 parameters, 4 tensor attributes, 7
-    packed CPU weights; 10 buffers kept · draft: …` (per rank when ranks differ); None without a discard answer."""
+    """What the first emulated discard took, per model, and whose L2 sleep it followed: `discarded (emulated, 0.34
+    rules, preserving draft.*) — target: 15 parameters, 4 tensor attributes, 7 packed CPU weights; 10 buffers kept ·
+    draft: …` (per rank when ranks differ); None without a discard answer."""
     step = next((s for s in steps if getattr(s, "name", None) == "discard" and getattr(s, "response", None)), None)
     results = step.response.get("results") if step is not None and isinstance(step.response, dict) else None
     answers = [DiscardAnswer.from_dict(answer) for answer in results or []]
     if not answers or any(answer is None for answer in answers):
         return None
-    texts = [_discard_text(answer) for answer in answers if answer is not None]
+    found = [answer for answer in answers if answer is not None]
+    how = ["emulated"] + sorted({f"{a.rules} rules" for a in found if a.rules})
+    how += sorted({f"preserving {' '.join(a.preserve)}" for a in found if a.preserve})
+    texts = [_discard_text(answer) for answer in found]
     if len(set(texts)) == 1:
-        return f"discarded (emulated) — {texts[0]}"
-    return "discarded (emulated) — " + " · ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
+        return f"discarded ({', '.join(how)}) — {texts[0]}"
+    return f"discarded ({', '.join(how)}) — " + " · ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
 
 
 def _discard_text(answer: DiscardAnswer) -> str:
     parts = []
     for role, counts in answer.models.items():
         lost = [f"{counts.parameter} parameters", f"{counts.attribute} tensor attributes"]
-        if counts.packed:
-            lost.append(f"{counts.packed} packed CPU weights")
-        parts.append(f"{role}: {', '.join(lost)}; {counts.buffer_kept} buffers kept")
+        lost += [f"{counts.packed} packed CPU weights"] if counts.packed else []
+        lost += [f"{counts.buffer} buffers"] if counts.buffer else []
+        kept = [f"{counts.parameter_kept} parameters"] if counts.parameter_kept else []
+        kept += [f"{counts.attribute_kept} tensor attributes"] if counts.attribute_kept else []
+        kept += [f"{counts.packed_kept} packed CPU weights"] if counts.packed_kept else []
+        kept.append(f"{counts.buffer_kept} buffers kept")
+        parts.append(f"{role}: {', '.join(lost)}; {', '.join(kept)}")
     return " · ".join(parts)
 
 

@@ -29,6 +29,7 @@ from specwake.judge.verdict import (
 )
 from specwake.judge.weights import restored
 from specwake.prepare.plan import redact_env
+from specwake.prepare.releases import TESTED_RELEASES
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant
 from specwake.protocol import Chosen, PushRequest
@@ -58,6 +59,7 @@ class VariantRecord:
     seconds: float = 0.0
     complete: bool = False  # every phase ran, or a failure ended it early
     chosen: dict[str, Chosen] = field(default_factory=dict)  # what push_scale / push_skip picked, per model
+    vllm_warnings: list[str] = field(default_factory=list)  # quoted from its server logs (judge.log_warnings)
 
 
 def push_of(scenario: Scenario, prep: PreparedVariant) -> PushRequest | None:
@@ -135,6 +137,7 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
         diagnostics=list(record.diagnostics),
         push=pushed,
         engine_outcomes=by_engine,
+        vllm_warnings=list(record.vllm_warnings),
     )
     if outcome == INCOMPLETE:
         return result
@@ -184,6 +187,7 @@ def judge_scenario(
         variants=list(variants),
         specwake_version=__version__,
         complete=complete,
+        tested_releases=list(TESTED_RELEASES),
     )
 
 

@@ -28,6 +28,7 @@ from specwake.prepare.variants import (
     available_cpus,
     chunked_draft_sync,
     cpu_no_ops,
+    emulated_rules,
     inspect_patches,
     overlay_under_ray,
     plan_servers,
@@ -37,7 +38,7 @@ from specwake.prepare.variants import (
 )
 from specwake.protocol import ROLES, PushRequest
 from specwake.run.cycle import cycle_steps
-from specwake.run.runner import MEASURING, Work, packing_mode, server_jobs
+from specwake.run.runner import Work, mode_line, packing_mode, server_jobs
 from specwake.run.schedule import plan_schedule
 from specwake.run.session import refuse_invisible_gpus, refuse_same_names, visible_gpus
 from specwake.runfolder import RunLayout
@@ -89,14 +90,13 @@ def check_all(
         refuse_invisible_gpus(gpus, visible_gpus(prepared))  # as run does
     assigned: dict[str, tuple[int, ...]] = {}
     cores: dict[str, tuple[int, ...]] = {}
-    if not on_gpu and (sequential or interleave):
+    work = [Work(s, ps, RunLayout(Path("."), ())) for s, ps in zip(scenarios, prepared, strict=True)]
+    asked = not on_gpu and (sequential or interleave)
+    if asked:
         mode = "interleaved" if interleave else "sequential"
-        label = RUN_MODES[mode] if interleave else SEQUENTIAL_FLAG
     else:  # run's default: packed onto the GPUs, or side by side on cores of their own, as the packer places them
-        work = [Work(s, ps, RunLayout(Path("."), ())) for s, ps in zip(scenarios, prepared, strict=True)]
         devices = (inventory if inventory is not None else visible_gpus(prepared)) if on_gpu else available_cpus()
         mode = packing_mode(work, devices, cpu=not on_gpu)
-        label = RUN_MODES[mode]
         if not problems:
             try:
                 plan = {a.job.key: a.gpus for a in plan_schedule(server_jobs(work), devices)}
@@ -113,16 +113,12 @@ def check_all(
         texts.append(describe(scenario, variants, plans, found[scenario.name]))
         if tensors and variants:
             texts += tensor_lines(checkpoints(scenario, variants[0].model, variants[0].draft_model))
-    texts.append(f"run mode: {mode} — {label}")
+    texts.append(f"run mode: {mode} — {mode_line(mode, len(server_jobs(work)), asked)}")
     return CheckOutcome("\n".join(texts), problems)
 
 
 def key(scenario: Scenario, prep: PreparedVariant) -> str:
     return f"{scenario.name}/{prep.variant.name}"
-
-
-RUN_MODES = {**MEASURING, "interleaved": "a scenario's servers up at once, their stages alternated (--interleave)"}
-SEQUENTIAL_FLAG = "one server at a time (--sequential)"
 
 
 def _hub_models(scenario: Scenario) -> list[tuple[str, str]]:
@@ -254,7 +250,8 @@ def describe(
             )
             if prep.overlay.skipped_files:
                 lines.append(f"    skipped (outside vllm/): {', '.join(prep.overlay.skipped_files)}")
-        lines.append(f"    L2 discard: {prep.l2_discard}")
+        rules = emulated_rules(prep)
+        lines.append(f"    L2 discard: {prep.l2_discard}" + (f", {rules} rules" if rules else ""))
         for r, plan in enumerate(servers):
             if plan.node:
                 nodes = scenario.server.nodes

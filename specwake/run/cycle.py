@@ -1,6 +1,7 @@
 """One sleep/wake cycle against a running server, every step timed with its HTTP status.
 
-Level 2: sleep → [emulated discard] → wake weights → reload_weights → wake kv_cache → reset prefix cache.
+Level 2: sleep → [emulated discard, by the rules of a named vLLM release] → wake weights → reload_weights → wake
+kv_cache → reset prefix cache.
 With a push (RL trainers' weight update) the reload is specwake_push, at either level; with a sync through vLLM's
 weight-transfer API it is [init_weight_transfer_engine, first cycle only] → per model (target, then drafter):
 start → update_weights per chunk → finish. Level 1 without either wakes everything at once (its weights were
@@ -60,17 +61,20 @@ def cycle_steps(
     *,
     cycle: int = 1,
     chunks: dict[str, list[TransferChunk]] | None = None,
+    rules: str | None = None,
 ) -> list[Step]:
     """The step sequence of one cycle at the given sleep level. `fill`: what the emulated discard leaves in the
-    parameters (zero | nan | random); `push`: a weight push or sync, which replaces reload_weights; `chunks`: a
-    sync's update_weights calls per model (None: one stands for all, as `check` describes it)."""
+    parameters (zero | nan | random); `rules`: whose L2 sleep it follows (protocol.DISCARD_RULES; None: the worker's
+    vLLM's); `push`: a weight push or sync, which replaces reload_weights; `chunks`: a sync's update_weights calls per
+    model (None: one stands for all, as `check` describes it)."""
     sleep = Step(protocol.SLEEP, (("level", str(level)),))
     reset = Step(protocol.RESET_PREFIX_CACHE)
     if level == 1 and push is None:
         return [sleep, Step(protocol.WAKE_UP), reset]
     steps = [sleep]
     if emulate_discard and level == 2:
-        steps.append(Step(protocol.DISCARD_STEP, rpc_kwargs=(("fill", fill),)))
+        chosen = (("rules", rules),) if rules is not None else ()
+        steps.append(Step(protocol.DISCARD_STEP, rpc_kwargs=(("fill", fill), *chosen)))
     steps.append(Step(protocol.WAKE_WEIGHTS, (("tags", "weights"),)))
     kind = protocol.KIND_BY_VIA[push.via if push is not None else None]
     steps += RESTORE_STEPS[kind.name](push, cycle, chunks)
@@ -136,6 +140,7 @@ def run_cycle(
     emulate_discard: bool,
     step_timeout_s: float,
     fill: str = "zero",
+    discard_rules: str | None = None,
     push: PushRequest | None = None,
     chunks: dict[str, list[TransferChunk]] | None = None,
     on_step: Callable[[StepResult, str], None] | None = None,
@@ -144,9 +149,10 @@ def run_cycle(
 ) -> tuple[list[StepResult], ServerFault | None]:
     """Run every step in order; stop at the first failed one and return it as the fault. `host_rss` is read
     after every step (the wake ledger), `vllm_seconds` too: vLLM's own timing of the call, where it keeps one.
-    `on_step` gets each result and the probe point after it."""
+    `discard_rules`: the release whose L2 sleep an emulated discard follows (None: the worker's vLLM's). `on_step`
+    gets each result and the probe point after it."""
     results: list[StepResult] = []
-    for step in cycle_steps(level, emulate_discard, fill, push, cycle=cycle, chunks=chunks):
+    for step in cycle_steps(level, emulate_discard, fill, push, cycle=cycle, chunks=chunks, rules=discard_rules):
         fault: ServerFault | None = None
         body: Any = None
         try:

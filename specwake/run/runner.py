@@ -193,6 +193,19 @@ MEASURING = {
     "sequential": "one server at a time: no two of the run's servers fit side by side (each needs a core, or a GPU,"
     " per rank of every engine)",
 }
+ONE_SERVER = "one server: nothing else of the run starts, cycles or measures beside it"
+ASKED = {
+    "sequential": "one server at a time (--sequential)",
+    "interleaved": "a scenario's servers up at once, their stages alternated (--interleave)",
+}
+
+
+def mode_line(mode: str, servers: int, asked: bool = False) -> str:
+    """What a run prints (and `check` shows) of how its servers are scheduled: `mode` as the result records it,
+    `servers` the run's server count, `asked` where --sequential or --interleave chose the mode."""
+    if servers == 1:
+        return ONE_SERVER
+    return ASKED[mode] if asked else MEASURING[mode]
 
 
 def speed_binds(work: Sequence[Work]) -> bool:
@@ -242,7 +255,7 @@ def run_packed_scenarios(
     turns = Turns(cancel) if mode == "overlapped" else AnyTime()
     # On GPUs the deciding stages take turns, not whole variants; one server at a time measures alone anyway.
     gate = Quiet(cancel) if mode == "packed" else Gate(alone=mode != "parallel")
-    events(Event(MEASURING[mode]))
+    events(Event(mode_line(mode, len(server_jobs(work)))))
     unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []
     jobs: list[Job] = []

@@ -29,7 +29,7 @@ from specwake.report.junit import write_junit
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
 from specwake.run.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.run.leftovers import handle_leftovers, registry_dir
-from specwake.run.runner import Work, run_packed_scenarios, run_scenario
+from specwake.run.runner import Work, mode_line, run_packed_scenarios, run_scenario, server_jobs
 from specwake.run.shards import Shard, jobs_of
 from specwake.runfolder import RESULT_FILE, RunLayout, check_writable, load_result, scenario_results, write_files
 
@@ -206,6 +206,8 @@ def _run(
         return run_packed_scenarios(work, inventory, events, shard=shard, registry=registry)
     if not (request.interleave or request.sequential):
         return run_packed_scenarios(work, available_cpus(), events, shard=shard, cpu=True, registry=registry)
+    mode = "interleaved" if request.interleave else "sequential"
+    events(Event(mode_line(mode, len(server_jobs(work)), asked=True)))
     return [
         run_scenario(
             w.scenario,

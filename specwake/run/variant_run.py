@@ -17,6 +17,7 @@ from specwake import protocol
 from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFailed
 from specwake.events import Event, Events
 from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
+from specwake.judge.log_warnings import find_warnings
 from specwake.judge.verdict import speed_rule
 from specwake.prepare.plan import GROUP_PORTS, PORT_UNSET, VariantPlan
 from specwake.prepare.scenario import Scenario
@@ -295,8 +296,20 @@ class VariantRun:
         if self.fanout.folder is not None:
             with contextlib.suppress(OSError):  # each answer's folder is removed once read: this one is empty
                 self.fanout.folder.rmdir()
+        self.record.vllm_warnings = self._log_warnings()
         self.ended = self.clock()
         self._timed("teardown", self.ended - t0)
+
+    def _log_warnings(self) -> list[str]:
+        """The warnings of vLLM's that bear on the cycle, from every log of the variant (judge.log_warnings)."""
+        found: list[str] = []
+        for server in self.server.servers:
+            try:
+                with open(server.spec.log_path, encoding="utf-8", errors="replace") as log:
+                    found += [quote for quote in find_warnings(log) if quote not in found]
+            except OSError:  # never started: no log
+                continue
+        return found
 
     # -- measurement -------------------------------------------------------------------------------
 
@@ -396,6 +409,7 @@ class VariantRun:
             emulate_discard=self.prep.l2_discard == "emulated",
             step_timeout_s=self.scenario.cycle.step_timeout_s,
             fill=self.scenario.cycle.discard_fill,
+            discard_rules=self.prep.variant.discard_rules,
             push=self.push,
             chunks=self.sync.chunks if self.sync is not None else None,
             on_step=after_step,

@@ -1,18 +1,41 @@
-"""The emulated Level-2 discard, for a vLLM without sleep mode (the CPU build): everything a real L2 sleep discards,
-by kind (see specwake.worker.tensors), overwritten as freed memory leaves it.
+"""The emulated Level-2 discard, for a vLLM without sleep mode (the CPU build): what a real L2 sleep of a named vLLM
+release takes from target and drafter (kinds: specwake.worker.tensors), overwritten as freed memory leaves it.
 
-- Parameters and plain tensor attributes of target and drafter are filled: zeros, NaN or random values. CUDA does not
-  clear the memory it hands back on wake (only ROCm zeroes it), so on a GPU a tensor nothing reloads holds whatever
-  was there. Memory shared by several tensors (an embedding the drafter shares with the target, an attribute that
-  aliases a parameter) is filled once.
-- Buffers are kept: vLLM copies them to host memory before an L2 sleep and back on wake, for target and drafter.
-  Memory a buffer shares with another tensor is kept with it.
-- CPU packed weights (oneDNN / sgl copies behind a `cpu_linear` closure) answer as the discarded weight would, until
-  a reload installs a fresh closure.
+The rules ("0.33" or "0.34", protocol.DISCARD_RULES) differ in what survives the sleep:
+
+- **0.33** (vLLM 0.32 and 0.33). The whole cumem "weights" pool the models were loaded into is dropped: `sleep`
+  offloads only "runtime" and "cudagraph" at level 2 (device_allocator/sleep_mode_backend.py:134-137, both releases).
+  Before it, the worker copies every named buffer of target and drafter to host memory and the parameters named by
+  `--sleep-preserve-parameter-names` (gpu_worker.py 0.32:294-309, 0.33:301-316; `_save_sleep_parameters` 0.32:269-285,
+  0.33:276-292), and writes them back by name on `wake_up(tags=["weights"])` (0.32:339-354, 0.33:350-365). So
+  parameters and plain tensor attributes are lost, buffers and preserved parameters come back, and so does any
+  tensor whose memory lies inside one of them (an attribute aliasing a buffer); an attribute derived from a
+  preserved parameter into memory of its own is lost.
+- **0.34.** Nothing is saved by name any more (no `_sleep_saved_*`). `sleep(level=2)` passes the storage addresses of
+  the parameters the weight update rewrites (`_discardable_parameters`, gpu_worker.py:297-318: the target's, and the
+  drafter's not shared with it, less the preserved ones), and the allocator backs up to host every "weights",
+  "runtime" and "cudagraph" allocation but one whose live blocks all start at such an address
+  (sleep_mode_backend.py:126-131; `discardable_allocations`, device_allocator/__init__.py:29-44; cumem.py:289-292).
+  So buffers and attributes in memory of their own survive; what shares a discardable parameter's storage (a buffer
+  or attribute aliasing it) is lost with it. Here every storage stands for one allocation: on a GPU the caching
+  allocator packs small tensors into shared segments, and a parameter sharing a segment with anything else survives
+  by chance there, so this emulation takes the most a 0.34 sleep can take.
+
+Both releases name the parameters as `_get_sleep_parameters` does (gpu_worker.py 0.32:257-267, 0.33:264-274,
+0.34:285-295): the target's by their own names, the drafter's not shared with the target as `draft.<name>`; a
+preserve pattern is matched with fnmatch, and one matching nothing (but `draft.*`) fails the sleep (0.32:279,
+0.33:286, 0.34:307).
+
+How a discarded tensor is left, per `fill`: zeros, NaN or random values. CUDA does not clear the memory it hands back
+on wake (only ROCm zeroes it), so on a GPU a tensor nothing reloads holds whatever was there. CPU packed weights
+(oneDNN / sgl copies behind a `cpu_linear` closure) stand in for their parameter: discarded when it is, answering as
+the discarded weight would until a reload installs a fresh closure, and kept when it is kept.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
+from fnmatch import filter as fnmatch_filter
 from typing import Any
 
 import torch
@@ -23,6 +46,9 @@ from specwake.worker.tensors import Entry, inventory, storage_key
 FILLS = ("zero", "nan", "random")
 FILL_SEED = 52479  # random fills are reproducible
 PACKED_MARK = "_specwake_discarded"
+ANY_DRAFT = "draft.*"  # the one pattern vLLM lets match nothing (a server without a drafter)
+
+Loses = Callable[[torch.Tensor], bool]  # whether the sleep takes a resident tensor's memory
 
 
 @torch.no_grad()
@@ -73,44 +99,167 @@ def packed_state(model: torch.nn.Module | None) -> tuple[int, int]:
     return len(present), sum(1 for fn in present if getattr(fn, PACKED_MARK, False))
 
 
-def _counts(entries: list[Entry], filled: set[int], packed: int) -> Discarded:
-    """What one model lost and kept."""
-    gone = [e for e in entries if id(e) in filled]
+# -- which parameters a sleep is about, and which the user keeps -------------------------------------------------------
+
+
+def sleep_parameters(models: dict[str, torch.nn.Module | None]) -> dict[str, torch.nn.Parameter]:
+    """The parameters as vLLM names them for a sleep (`_get_sleep_parameters`): the target's by their own names, then
+    the drafter's that are not the target's (by identity) as `draft.<name>`."""
+    target, draft = models.get("target"), models.get("draft")
+    parameters = dict(target.named_parameters()) if target is not None else {}
+    if draft is not None:
+        shared = {id(p) for p in parameters.values()}
+        parameters.update((f"draft.{n}", p) for n, p in draft.named_parameters() if id(p) not in shared)
+    return parameters
+
+
+def preserved_names(parameters: dict[str, torch.nn.Parameter], patterns: Sequence[str]) -> set[str]:
+    """The names `--sleep-preserve-parameter-names` patterns pick, matched as vLLM matches them (fnmatch over the
+    sleep names); a pattern that picks nothing fails as vLLM's sleep does, but `draft.*` (no drafter)."""
+    names: set[str] = set()
+    for pattern in patterns:
+        matches = fnmatch_filter(parameters, pattern)
+        if not matches and pattern != ANY_DRAFT:
+            raise ValueError(f"No parameter matches sleep retention: {pattern}")
+        names.update(matches)
+    return names
+
+
+# -- the two releases' rules -------------------------------------------------------------------------------------------
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The bytes of its storage a resident tensor reaches: [first, end)."""
+    reach = 1 + sum((int(size) - 1) * int(stride) for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    first = int(tensor.storage_offset()) * tensor.element_size()
+    return first, first + reach * tensor.element_size()
+
+
+def _within(tensor: torch.Tensor, spans: dict[tuple[int, str], list[tuple[int, int]]]) -> bool:
+    """Whether every byte `tensor` reaches lies in one of the spans of its storage (merged, sorted)."""
+    first, end = _span(tensor)
+    return any(a <= first and end <= b for a, b in spans.get(storage_key(tensor), ()))
+
+
+def _merged(tensors: Iterable[torch.Tensor]) -> dict[tuple[int, str], list[tuple[int, int]]]:
+    """Per storage, the byte spans the tensors cover, overlapping or touching ones merged."""
+    found: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for tensor in tensors:
+        found.setdefault(storage_key(tensor), []).append(_span(tensor))
+    merged: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for key, spans in found.items():
+        out: list[tuple[int, int]] = []
+        for first, end in sorted(spans):
+            if out and first <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], end))
+            else:
+                out.append((first, end))
+        merged[key] = out
+    return merged
+
+
+def rules_033(entries: list[Entry], preserved: set[int]) -> tuple[Loses, list[torch.Tensor]]:
+    """0.32 / 0.33: the weights pool is dropped whole; buffers and preserved parameters are saved by name and written
+    back, so a tensor survives where its bytes lie within theirs. (Which tensors it takes, those written back.)"""
+    back = [e.tensor for e in entries if e.kind == "buffer" or (e.kind == "parameter" and id(e.tensor) in preserved)]
+    spans = _merged(back)
+    return (lambda tensor: not _within(tensor, spans)), back
+
+
+def rules_034(entries: list[Entry], preserved: set[int]) -> tuple[Loses, list[torch.Tensor]]:
+    """0.34: dropped are the storages of the parameters the update rewrites, less those of preserved parameters
+    (`_discardable_parameters` removes them by storage too), with everything in them; the rest is backed up."""
+    parameters = [e.tensor for e in entries if e.kind == "parameter"]
+    kept = {storage_key(t) for t in parameters if id(t) in preserved}
+    discardable = {storage_key(t) for t in parameters} - kept
+    return (lambda tensor: storage_key(tensor) in discardable), []
+
+
+# protocol.DISCARD_RULES, each name with its rules (a unit test holds the two to the same names)
+RULES: dict[str, Callable[[list[Entry], set[int]], tuple[Loses, list[torch.Tensor]]]] = {
+    "0.33": rules_033,
+    "0.34": rules_034,
+}
+
+
+# -- the discard -------------------------------------------------------------------------------------------------------
+
+
+def _packed_lost(module: torch.nn.Module, loses: Loses, preserved: set[int]) -> bool:
+    """Whether a module's packed CPU copy goes with the sleep: it stands for the module's weight, lost when the weight
+    is (judged by its memory where the CPU build left it some, else by whether it is preserved)."""
+    weight = module._parameters.get("weight")
+    if weight is None:
+        return True
+    if weight.is_meta or weight.numel() == 0:
+        return id(weight) not in preserved
+    return loses(weight)
+
+
+def _count(entries: list[Entry], lost: set[int], packed: tuple[int, int]) -> Discarded:
+    """What one model lost and kept, by kind."""
+
+    def number(kind: str, gone: bool) -> int:
+        return sum(1 for e in entries if e.kind == kind and (id(e) in lost) == gone)
+
     return Discarded(
-        parameter=sum(1 for e in gone if e.kind == "parameter"),
-        attribute=sum(1 for e in gone if e.kind == "attribute"),
-        packed=packed,
-        buffer_kept=sum(1 for e in entries if e.kind == "buffer"),
+        parameter=number("parameter", True),
+        attribute=number("attribute", True),
+        packed=packed[0],
+        buffer=number("buffer", True),
+        parameter_kept=number("parameter", False),
+        attribute_kept=number("attribute", False),
+        packed_kept=packed[1],
+        buffer_kept=number("buffer", False),
     )
 
 
 @torch.no_grad()
-def emulate_discard(models: dict[str, torch.nn.Module | None], fill: str) -> dict[str, Any]:
-    """Discard everything a real L2 sleep discards from `models` (role → model); the answer counts each kind per
-    role, e.g. {"draft": {"parameter": 11, "attribute": 2, "packed": 3, "buffer_kept": 3}, ...}."""
+def emulate_discard(
+    models: dict[str, torch.nn.Module | None], fill: str, rules: str, preserve: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Discard from `models` (role → model) what a real L2 sleep of the `rules` release discards, honouring the
+    `preserve` patterns as that release does. The answer names the rules and counts each kind per role, lost and
+    kept, e.g. {"rules": "0.34", "draft": {"parameter": 11, "attribute": 0, "packed": 3, "buffer": 0,
+    "parameter_kept": 0, ...}, ...}."""
     if fill not in FILLS:
         raise ValueError(f"fill must be one of {', '.join(FILLS)}, got {fill!r}")
+    if rules not in RULES:
+        raise ValueError(f"rules must be one of {', '.join(RULES)}, got {rules!r}")
+    parameters = sleep_parameters(models)
+    preserved = {id(parameters[name]) for name in preserved_names(parameters, preserve)}
     generator = torch.Generator().manual_seed(FILL_SEED)
-    entries = {role: inventory(model) for role, model in models.items()}
-    everything = [e for found in entries.values() for e in found if e.resident]
-    kept = {storage_key(e.tensor) for e in everything if e.kind == "buffer"}
-    filled: set[int] = set()  # ids of the entries whose memory was overwritten
+    entries = {role: [e for e in inventory(model) if e.resident] for role, model in models.items()}
+    loses, written_back = RULES[rules]([e for found in entries.values() for e in found], preserved)
+    saved = [(tensor, tensor.detach().clone()) for tensor in written_back]
+    lost: set[int] = set()  # ids of the entries whose memory the sleep takes
     done: set[tuple[int, int, str]] = set()
     elements = 0
-    for entry in everything:
-        if entry.kind == "buffer" or storage_key(entry.tensor) in kept:
+    for entry in (e for found in entries.values() for e in found):
+        if not loses(entry.tensor):
             continue
-        filled.add(id(entry))
+        lost.add(id(entry))
         view = (entry.tensor.data_ptr(), entry.tensor.numel(), str(entry.tensor.device))
-        if view in done:
-            continue
-        done.add(view)
-        fill_discarded(entry.tensor, fill, generator)
-        elements += entry.tensor.numel()
-    lost = {}
+        if view not in done:
+            done.add(view)
+            fill_discarded(entry.tensor, fill, generator)
+            elements += entry.tensor.numel()
+    for tensor, value in saved:  # what the release writes back on wake, over memory it shares with lost tensors
+        tensor.copy_(value)
+    counts = {}
+    seen: set[int] = set()  # a module both models hold (a shared head) is counted with the first
     for role, model in models.items():
         if model is None:
             continue
-        packed = sum(discard_packed(module, fill, generator) for module in model.modules())
-        lost[role] = _counts(entries[role], filled, packed)
-    return DiscardAnswer(fill, elements, models.get("draft") is not None, lost).to_dict()
+        wrapped, kept = 0, 0
+        for module in model.modules():
+            if getattr(module, "cpu_linear", None) is None or id(module) in seen:
+                continue
+            seen.add(id(module))
+            if not _packed_lost(module, loses, preserved):
+                kept += 1
+            elif discard_packed(module, fill, generator):
+                wrapped += 1
+        counts[role] = _count(entries[role], lost, (wrapped, kept))
+    draft = models.get("draft") is not None
+    return DiscardAnswer(fill, elements, draft, counts, rules, tuple(preserve)).to_dict()

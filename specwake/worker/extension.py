@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from specwake.protocol import Chosen, Memory, PushAnswer, PushRequest
+from specwake.protocol import Chosen, Memory, PushAnswer, PushRequest, release_rules
 from specwake.worker import coverage, push, transfer
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
@@ -203,9 +203,9 @@ class SpecwakeWorkerExtension:
         done = {}
         with vllm_config_of(runner):
             if "draft" in spec.to:
-                done["draft"] = push.push_draft(runner, spec.chosen.get("draft", Chosen()), seen["draft"])
+                done["draft"] = push.push_draft(self, spec.chosen.get("draft", Chosen()), seen["draft"])
             if "target" in spec.to:
-                done["target"] = push.push_target(runner, spec.chosen.get("target", Chosen()), seen["target"])
+                done["target"] = push.push_target(self, spec.chosen.get("target", Chosen()), seen["target"])
         unmatched = {
             name
             for role, chosen in spec.chosen.items()
@@ -236,6 +236,15 @@ class SpecwakeWorkerExtension:
         chunks = transfer.manifest(sources.of(model, model_config), role)
         return [chunk.to_dict() for chunk in chunks]
 
-    def specwake_emulate_discard(self, fill: str = "zero") -> dict[str, Any]:
-        """Discard everything of target and drafter that a real L2 sleep discards (specwake.worker.discard)."""
-        return emulate_discard(named_models(self._specwake_runner()), fill)
+    def specwake_emulate_discard(self, fill: str = "zero", rules: str | None = None) -> dict[str, Any]:
+        """Discard from target and drafter what a real L2 sleep of vLLM release `rules` discards ("0.33" or "0.34";
+        None: the rules of the vLLM this worker runs), honouring the server's --sleep-preserve-parameter-names as that
+        release does (specwake.worker.discard)."""
+        if rules is None:
+            import vllm
+
+            rules = release_rules(str(getattr(vllm, "__version__", "")))
+        runner = self._specwake_runner()
+        config = getattr(self, "vllm_config", None) or getattr(runner, "vllm_config", None)
+        preserve = getattr(getattr(config, "model_config", None), "sleep_preserve_parameter_names", None) or ()
+        return emulate_discard(named_models(runner), fill, rules, tuple(preserve))

@@ -3,10 +3,20 @@ tensors pushed into the live models through load_weights / reload_weights(weight
 from disk by path. Optionally perturbed or partial (push_scale, push_skip): the tensors each model's `Chosen` names
 scaled on the way or left out, so a test can prove the drafter follows the weights it was given, or catch a push
 that gets the drafter wrong.
+
+Both pushes run as vLLM runs its own weight updates, under the memory regime it sets for them. From 0.34 an
+extensible KV cache (on by default on CUDA) caps torch's memory after warmup (`set_torch_memory_limit`,
+v1/worker/extensible_kv_cache.py:377-385, set by `measure_kv_cache_blocks` at :692), and vLLM lifts that cap, lending
+the cache's memory when too little is free, only inside `kv_cache_lent_for_weight_update` (:717-755), which
+`Worker.reload_weights` (v1/worker/gpu_worker.py:645-665) and the weight-update sessions (:1707-1714) enter. So the
+target goes through the worker's own `reload_weights(weights_iterator=...)`, and the drafter's load runs inside the
+same loan taken for the drafter; a push calling the model runner directly would run under the cap and could run out
+of memory where a stock reload does not. vLLM 0.32 and 0.33 have neither cap nor loan: the same calls, nothing lent.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,15 +59,33 @@ def times(tensor: torch.Tensor, factor: float) -> torch.Tensor:
     return tensor * factor
 
 
-def push_draft(runner: Any, chosen: Chosen, seen: Seen) -> str:
+def weight_update_room(worker: Any, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """The room vLLM makes for a layerwise weight update of `model` (0.34: `kv_cache_lent_for_weight_update`, torch's
+    cap lifted and the KV cache's memory lent when short, failing before any weight changes when not even the largest
+    layer fits, as `Worker.reload_weights` takes it for checkpoint-format weights); nothing before 0.34."""
+    try:
+        from vllm.v1.worker.extensible_kv_cache import kv_cache_lent_for_weight_update
+    except ImportError:  # vLLM < 0.34: no extensible KV cache, no cap
+        return contextlib.nullcontext()
+    return kv_cache_lent_for_weight_update(
+        getattr(worker.model_runner, "extensible_kv_cache", None),
+        model,
+        reclaimable=bool(getattr(worker, "_kv_cache_reclaimable", False)),
+        fail_if_short=True,
+    )
+
+
+def push_draft(worker: Any, chosen: Chosen, seen: Seen) -> str:
     """Push the drafter's checkpoint tensors into the live drafter by the rules vLLM's draft reload follows
     (specwake.worker.draft_load, the very file the reference fix adds to vLLM): target modules shared into the drafter
     unbound while it loads, a tied head refilled, fused buffers rebuilt in place, attention scales kept. A plain
-    load_weights fails on CPU, where weights were repacked after the first load, and crashes a Gemma4 drafter."""
+    load_weights fails on CPU, where weights were repacked after the first load, and crashes a Gemma4 drafter. Runs
+    inside the room vLLM makes for a weight update of the drafter (weight_update_room)."""
     from vllm.model_executor.model_loader import get_model_loader
 
     from specwake.worker.draft_load import load_draft_weights_inplace
 
+    runner = worker.model_runner
     config = runner.vllm_config
     draft, spec = find_draft(runner), config.speculative_config
     if draft is None or spec is None or spec.draft_model_config is None:
@@ -69,9 +97,11 @@ def push_draft(runner: Any, chosen: Chosen, seen: Seen) -> str:
     except ImportError:
         load_config = config.load_config
     weights = _all_weights(get_model_loader(load_config))(spec.draft_model_config, draft)
-    return "pushed: " + load_draft_weights_inplace(
-        draft, find_target(runner), spec.draft_model_config, sent(weights, chosen, seen)
-    )
+    with weight_update_room(worker, draft):
+        done = load_draft_weights_inplace(
+            draft, find_target(runner), spec.draft_model_config, sent(weights, chosen, seen)
+        )
+    return "pushed: " + done
 
 
 def _all_weights(loader: Any) -> Any:
@@ -81,11 +111,14 @@ def _all_weights(loader: Any) -> Any:
     return get_all
 
 
-def push_target(runner: Any, chosen: Chosen, seen: Seen) -> str:
-    """Push the target's checkpoint tensors as an RL trainer does: reload_weights(weights_iterator=...)."""
+def push_target(worker: Any, chosen: Chosen, seen: Seen) -> str:
+    """Push the target's checkpoint tensors as an RL trainer does: the worker's own
+    reload_weights(weights_iterator=...), which takes vLLM's room for the update itself (0.34) and runs the runner's
+    layerwise reload under the worker's config."""
     from vllm.model_executor.model_loader import get_model_loader
 
+    runner = worker.model_runner
     config = runner.vllm_config
     weights = _all_weights(get_model_loader(config.load_config))(config.model_config, runner.get_model())
-    runner.reload_weights(weights_iterator=sent(weights, chosen, seen))
+    worker.reload_weights(weights_iterator=sent(weights, chosen, seen))
     return "pushed"

@@ -1,13 +1,21 @@
 """Every tensor a model holds, by kind, as a real Level-2 sleep sees them, and the fingerprint of each: a checksum
 compared with the fresh one and the address a CUDA graph would read it at.
 
-Kinds, read from vLLM's `gpu_worker.py` (0.32, 0.33: `load_model` under the cumem "weights" pool, `sleep`/`wake_up`):
-- **parameter**: discarded by L2 sleep; the reload must bring it back.
-- **buffer**: copied to host memory by `sleep(level=2)` and back by `wake_up(tags=["weights"])`, for the target and
-  for the drafter (`_sleep_saved_buffers`, `_sleep_saved_draft_buffers`): kept.
+Kinds, and what L2 sleep does with each (every one allocated in the cumem "weights" pool while the models load,
+`load_model`, gpu_worker.py 0.32:587-589, 0.33:594-596, 0.34:595-597); specwake.worker.discard emulates either release:
+- **parameter**: discarded; the reload must bring it back. Those `--sleep-preserve-parameter-names` names survive:
+  0.32/0.33 copy them to host memory and back by name (`_save_sleep_parameters` / `_restore_sleep_parameters`,
+  gpu_worker.py 0.32:269-292, 0.33:276-299); 0.34 leaves their storage out of the discardable set
+  (`_discardable_parameters`, gpu_worker.py:297-318), so it is backed up with everything else.
+- **buffer**: kept. 0.32/0.33 copy each named buffer of target and drafter to host memory before the sleep and back
+  on `wake_up(tags=["weights"])` (`_sleep_saved_buffers`, `_sleep_saved_draft_buffers`: gpu_worker.py 0.32:302-309 and
+  341-354, 0.33:309-316 and 352-365). 0.34 saves nothing by name: a buffer survives because the allocator backs up
+  every allocation that is not a discardable parameter's (device_allocator/__init__.py:29-44, cumem.py:289-292), and
+  is lost with one whose storage it shares.
 - **attribute**: a tensor a module keeps as a plain attribute, neither parameter nor buffer (DSpark's
-  `_fused_kv_weight`, anything `process_weights_after_loading` or a proposer derives). Allocated in the weights pool
-  while the model loads, so discarded, and nothing in vLLM restores it.
+  `_fused_kv_weight`, anything `process_weights_after_loading` or a proposer derives). 0.32/0.33: discarded with the
+  whole pool, and nothing restores it (but memory it shares with a buffer or preserved parameter written back).
+  0.34: backed up like a buffer, unless it shares a discardable parameter's storage.
 On vLLM's CPU build a linear layer or LM head computes from a packed copy of its weight (specwake.worker.packed):
 that copy is read back and judged under its parameter's name, as the same parameter is judged on a GPU.
 Not weights, left out: the KV cache each attention layer holds as `kv_cache` (bound by `bind_kv_cache`,

@@ -10,6 +10,7 @@ import datetime as dt
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +107,10 @@ def merge(
     this checkout's specwake, and the kept nights sit where the agent keeps them."""
     keep = tmp_path / "var"
     for day, night in enumerate(nights, start=1):
-        write_files(keep / "nights" / f"202611{day:02d}" / f"202611{day:02d}-021700-{night.name}", run_files(night))
+        dated = replace(night, started_at=f"2026-11-{day:02d}T02:17:00+00:00")  # the night its folder is named after
+        write_files(keep / "nights" / f"202611{day:02d}" / f"202611{day:02d}-021700-{night.name}", run_files(dated))
     tonight_dir = tmp_path / "tonight" / "results" / "nightly" / f"20261201-021700-shard-1of1-{tonight.name}"
-    write_files(tonight_dir, run_files(tonight))
+    write_files(tonight_dir, run_files(replace(tonight, started_at="2026-12-01T02:17:00+00:00")))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     agent = bin_dir / "buildkite-agent"

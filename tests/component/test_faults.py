@@ -293,6 +293,11 @@ def test_a_cancelled_run_still_writes_its_junit_and_prints_its_report(
         assert skipped is not None and "interrupted" in (skipped.get("message") or ""), name
     assert 0 < float(suite.get("time", "0")) <= wall + 1  # started_at has whole seconds
     assert len(engine.launched()) == 2  # the third never started
+    # How to finish it: in the report printed, and in `report` on its folder
+    finish = f"s/second, s/third — `specwake run {tmp_path / 's.toml'} --resume {one_run_dir(out)}` runs only those"
+    assert finish in proc.stdout
+    shown = run_cli(["report", str(one_run_dir(out))], tmp_path / "cache")
+    assert shown.returncode == 0 and finish in shown.stdout, shown.stdout
 
 
 # -- 6. Two runs at once --------------------------------------------------------------------------------
@@ -345,18 +350,15 @@ def test_two_runs_at_once_share_nothing_and_build_caches_safely(engine: FakeEngi
 # -- 7. Results folder unwritable ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["under-a-file", "proc"])
-def test_unwritable_results_folder_exits_3_before_launching(engine: FakeEngine, tmp_path: Path, where: str) -> None:
-    # Tests run as root, so a chmod-ed folder would still be writable: use a path under a regular
-    # file (ENOTDIR) and a path in /proc (no new files there, even for root).
-    blocker = tmp_path / "a-file"
-    blocker.write_text("x")
-    target = blocker / "results" if where == "under-a-file" else Path("/proc/specwake-results-test")
+def test_unwritable_results_folder_exits_3_before_launching(engine: FakeEngine, tmp_path: Path) -> None:
+    # Tests run as root, so a chmod-ed folder would still be writable: use a path in /proc (no new files there, even
+    # for root). A path under a regular file is the user's mistake, exit 2 (test_hostile_input.py).
+    target = Path("/proc/specwake-results-test")
     scenario = tmp_path / "s.toml"
     scenario.write_text(scenario_text(engine))
     proc = run_cli(["run", str(scenario), "--output", str(target)], tmp_path / "cache")
     assert proc.returncode == 3, proc.stderr
-    assert "not writable" in proc.stderr and str(target.parent if where == "under-a-file" else target) in proc.stderr
+    assert "not writable" in proc.stderr and str(target) in proc.stderr
     assert engine.invocations() == []  # not even the interpreter probe ran
 
 
@@ -387,4 +389,5 @@ def test_runs_report_in_a_ci_log_is_plain_text_and_its_files_keep_markdown(engin
     assert proc.returncode == 0, proc.stderr
     assert "(n<6)" in proc.stdout and "&lt;" not in proc.stdout and "<sub>" not in proc.stdout  # a pipe: a CI log
     report = (one_run_dir(out) / "report.md").read_text()
-    assert "(n&lt;6)" in report and "(n&lt;6)" in summary.read_text()  # Markdown files keep their escapes
+    assert "<details>" in report and "<details>" in summary.read_text()  # Markdown files keep their HTML
+    assert "(n<6)" in report and "(n<6)" in summary.read_text()  # a `<` that opens no tag needs no escape

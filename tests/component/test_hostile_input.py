@@ -18,6 +18,11 @@ Case = Callable[[Path, FakeEngine], tuple[list[str], str, str]]  # → (argv aft
 
 GOOD_HUNK = "@@ -1,2 +1,2 @@\n # Whether reload_weights also reloads the drafter (the bug of vLLM issue #52479).\n"
 HUNK = GOOD_HUNK + "-RELOADS_DRAFT = False\n+RELOADS_DRAFT = True\n"
+STALE_DIFF = (
+    "--- a/vllm/drafter_reload.py\n+++ b/vllm/drafter_reload.py\n"
+    + GOOD_HUNK.replace("reloads the drafter", "reloads the turbo")
+    + "-RELOADS_DRAFT = False\n+RELOADS_DRAFT = True\n"
+)
 
 
 def _patch_case(body: str | bytes, phrase: str) -> Case:
@@ -44,6 +49,7 @@ def _scenario_case(text: str, key: str, phrase: str, files: dict[str, bytes] | N
 
 def _flag_case(flags: list[str], where: str, phrase: str) -> Case:
     def case(tmp: Path, engine: FakeEngine) -> tuple[list[str], str, str]:
+        (tmp / "turbo.diff").write_text(STALE_DIFF)  # @TMP@/turbo.diff: a diff whose context the package lacks
         scenario = tmp / "s.toml"
         scenario.write_text(scenario_text(engine))
         return [str(scenario), *[f.replace("@TMP@", str(tmp)) for f in flags]], where, phrase
@@ -67,12 +73,7 @@ NEW_CASES: dict[str, Case] = {
     ),
     "patch with absolute path": _patch_case("--- /etc/passwd\n+++ /etc/passwd\n@@ -1 +1 @@\n-a\n+b\n", "absolute path"),
     "patch not a diff": _patch_case("just some words\n", "not a unified diff"),
-    "patch that does not apply": _patch_case(
-        "--- a/vllm/drafter_reload.py\n+++ b/vllm/drafter_reload.py\n"
-        + GOOD_HUNK.replace("reloads the drafter", "reloads the turbo")
-        + "-RELOADS_DRAFT = False\n+RELOADS_DRAFT = True\n",
-        "drafter_reload.py",
-    ),
+    "patch that does not apply": _patch_case(STALE_DIFF, "drafter_reload.py"),
     "prompts file empty": _scenario_case(
         FAKE + '[workload]\nprompts = "p.txt"\n', "workload.prompts", "no prompts", {"p.txt": b"\n\n"}
     ),
@@ -117,6 +118,7 @@ NEW_CASES: dict[str, Case] = {
     "--gpus reversed": _flag_case(["--gpus", "7-0"], "--gpus", "7-0"),
     "--variant unknown": _flag_case(["--variant", "nope"], "--variant", "no variant 'nope'"),
     "--patch missing": _flag_case(["--patch", "@TMP@/none.diff"], "--patch", "file not found"),
+    "--patch that does not apply": _flag_case(["--patch", "@TMP@/turbo.diff"], "--patch", "drafter_reload.py"),
     "two run modes": _flag_case(["--interleave", "--sequential"], "--interleave, --sequential", "choose one"),
     "--resume not a folder": _flag_case(["--resume", "@TMP@/none"], "--resume", "not a run folder"),
 }
@@ -231,3 +233,20 @@ def test_a_fifo_where_a_file_belongs_is_refused_not_read(engine: FakeEngine, tmp
     assert proc.returncode == 2, proc.stderr
     assert "not a regular file" in proc.stderr and str(fifo) in proc.stderr
     assert engine.launched() == [] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("below", ["", "results/night"])
+def test_an_output_that_is_a_file_is_bad_input(tmp_path: Path, engine: FakeEngine, below: str) -> None:
+    """--output naming a file (or a path through one) is the user's mistake, exit 2 naming --output and the file;
+    not the machine's (exit 3: a folder it may not write)."""
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(scenario_text(engine))
+    blocker = tmp_path / "results.txt"
+    blocker.write_text("not a folder")
+    out = blocker / below if below else blocker
+    result = CliRunner().invoke(app, ["run", str(scenario), "--output", str(out), "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: --output: {f'{out}: ' if below else ''}{blocker} is a file, not a folder"
+    ]
+    assert engine.launched() == [] and blocker.read_text() == "not a folder"

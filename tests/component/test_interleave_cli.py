@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from specwake.run.runner import ASKED, MEASURING
 from specwake.runfolder import load_result
 from tests.helpers.fakeengine import kill_survivors, make_fake_engine, one_run_dir, run_cli, scenario_text
 from tests.helpers.procs import leftover_processes
@@ -83,6 +84,8 @@ def test_run_modes_start_servers_and_order_phases_as_named(tmp_path: Path, mode:
     if mode in ("overlapped", "parallel"):
         assert ("measuring one at a time" in proc.stderr) is (mode == "overlapped")
         assert ("measuring at once" in proc.stderr) is (mode == "parallel")
+    said = {"interleave": ASKED["interleaved"], "sequential": ASKED["sequential"]}.get(mode) or MEASURING[mode]
+    assert [line for line in proc.stderr.splitlines() if line.endswith("] " + said)], proc.stderr  # its mode line
 
     path = one_run_dir(out) / "result.json"
     load_result(path)

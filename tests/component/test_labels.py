@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from specwake.run.runner import MEASURING
+from specwake.run.runner import MEASURING, ONE_SERVER
 from tests.helpers.fakeengine import FakeEngine, one_run_dir, run_cli, run_text, scenario_text
 
 BOTH = {"baseline": "collapse", "patched": "recover"}
@@ -61,6 +61,20 @@ def test_servers_too_big_to_fit_side_by_side_are_said_to_run_one_after_the_other
     assert result["scenario"]["mode"] == "sequential"
     assert all(stage["measured_alone"] for v in result["variants"] for stage in v["stages"])
     assert "mode: sequential" in (one_run_dir(out) / "report.md").read_text()
+
+
+def test_a_run_of_one_server_is_not_explained_as_servers_that_do_not_fit(engine: FakeEngine, tmp_path: Path) -> None:
+    """One server runs alone whatever fits: run and check say so, not that no two of its servers fit side by side."""
+    text = scenario_text(engine, expect={"baseline": "collapse"})
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(text)
+    check = run_cli(["check", str(scenario)], tmp_path / "cache")
+    assert check.returncode == 0, check.stderr
+    assert mode_line(check.stdout) == f"run mode: sequential — {ONE_SERVER}"
+    proc, out = run_text(engine, tmp_path, text)
+    assert proc.returncode == 0, proc.stderr
+    assert ONE_SERVER in proc.stderr and "no two" not in proc.stderr
+    assert json.loads((one_run_dir(out) / "result.json").read_text())["scenario"]["mode"] == "sequential"
 
 
 def test_compare_ignores_the_settings_of_a_variant_one_run_did_not_select(engine: FakeEngine, tmp_path: Path) -> None:

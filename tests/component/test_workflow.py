@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +74,9 @@ def write_run(folder: Path, result: ScenarioResult) -> None:
 def trend(tmp_path: Path, nights: list[ScenarioResult], new: ScenarioResult) -> subprocess.CompletedProcess[str]:
     """The trend step's script, run in a workspace holding the kept nights (history/<date>/, oldest first) and
     tonight's results, with the shell the workflow declares; `.venv/bin/specwake` is this checkout's specwake."""
-    for day, night in enumerate(nights, start=1):
-        write_run(tmp_path / "history" / f"202611{day:02d}", night)
-    write_run(tmp_path / "merged", new)
+    for day, night in enumerate(nights, start=1):  # each started on the night its folder is named after
+        write_run(tmp_path / "history" / f"202611{day:02d}", replace(night, started_at=f"2026-11-{day:02d}T02:17:00Z"))
+    write_run(tmp_path / "merged", replace(new, started_at="2026-12-01T02:17:00Z"))
     venv = tmp_path / ".venv" / "bin"
     venv.mkdir(parents=True)
     (venv / "specwake").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m specwake.cli "$@"\n')

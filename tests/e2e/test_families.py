@@ -4,21 +4,32 @@ reference fix (patched) and the known-bad first fix (naive, tests/data/naive-dra
 
 Stock must collapse everywhere and the reference fix recover everywhere; the naive fix recovers draft_model,
 EAGLE3 and MiMo but crashes the Gemma4 engine — the incomplete fix this matrix exists to catch before a GPU is spent.
+The emulated discard follows both releases' L2 sleep: the shipped files' other variants run here only where an
+assertion needs them (vLLM's --sleep-preserve-parameter-names 'draft.*' under 0.32/0.33's and 0.34's rules on the
+Gemma4 family; the random-fill MiMo copy under 0.34's), to keep the shared run short.
 Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from specwake.protocol import release_rules
 from specwake.report.markdown import for_terminal
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module
 from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 CPU_SCENARIOS = REPO / "scenarios" / "cpu"
 NAIVE = REPO / "tests" / "data" / "naive-draft-reload.diff"
@@ -33,6 +44,9 @@ require_module("vllm")
 
 
 RANDOM_FILL = "cpu-mimo-mtp-random"
+MATRIX = {"baseline", "patched"}  # of every family (and the naive fix, added)
+PRESERVED = "cpu-gemma4-mtp"  # the family that keeps vLLM's workaround, under both rules: a drafter sharing the
+PRESERVE = ("preserve", "preserve-0.34")  # target's embedding, a tied head, and plain attributes in the target
 
 
 def family_scenarios() -> list[Path]:
@@ -41,9 +55,30 @@ def family_scenarios() -> list[Path]:
     return sorted(p for p in CPU_SCENARIOS.glob("*.toml") if not p.name.startswith(("push-", "sync-", "dp-")))
 
 
-def copied(source: Path, folder: Path, name: str, extra: str = "", cycle: str = "") -> Path:
-    """The shipped scenario with its patch path made absolute, `extra` appended and `cycle` keys added."""
-    text = source.read_text().replace('"../patches/', f'"{CPU_SCENARIOS.parent}/patches/')
+def only_variants(text: str, keep: set[str]) -> str:
+    """A scenario's text with every variant but those in `keep` taken out: its [variants.NAME] table and its line in
+    [expect]."""
+    variants = set(tomllib.loads(text)["variants"])
+    lines, table = [], ""
+    for line in text.splitlines(keepends=True):
+        if line.startswith("["):
+            table = line.strip()
+        variant = re.fullmatch(r'\[variants\.("?)([^"\]]+)\1\]', table)
+        if variant is not None and variant[2] not in keep:
+            continue
+        key = re.match(r'"?([^"=\s]+)"?\s*=', line) if table == "[expect]" else None
+        if key is not None and key[1] in variants - keep:
+            continue
+        lines.append(line)
+    kept = "".join(lines)
+    assert set(tomllib.loads(kept)["variants"]) == variants & keep
+    return kept
+
+
+def copied(source: Path, folder: Path, name: str, keep: set[str], extra: str = "", cycle: str = "") -> Path:
+    """The shipped scenario with only the variants in `keep`, its patch paths made absolute, `extra` appended and
+    `cycle` keys added."""
+    text = only_variants(source.read_text(), keep).replace('"../patches/', f'"{CPU_SCENARIOS.parent}/patches/')
     text = text.replace("[cycle]\n", f"[cycle]\n{cycle}") + extra
     copy = folder / name
     copy.write_text(text)
@@ -51,13 +86,18 @@ def copied(source: Path, folder: Path, name: str, extra: str = "", cycle: str = 
 
 
 def write_scenarios(folder: Path) -> list[Path]:
-    """Every family with the naive fix as a third variant, and the MiMo family once more with a random discard."""
+    """Every family with stock vLLM, the reference fix and the naive fix as a third variant (Gemma4 with vLLM's
+    workaround under both rules too), and the MiMo family once more with a random discard by 0.34's rules."""
     naive = f'\n[variants.naive]\npatch = "{NAIVE}"\n'
-    scenarios = [copied(path, folder, path.name, extra=naive) for path in family_scenarios()]
+    scenarios = []
+    for path in family_scenarios():
+        keep = MATRIX | (set(PRESERVE) if f'name = "{PRESERVED}"' in path.read_text() else set())
+        scenarios.append(copied(path, folder, path.name, keep, extra=naive))
     mimo = (CPU_SCENARIOS / "mimo-mtp.toml").read_text().replace('name = "cpu-mimo-mtp"', f'name = "{RANDOM_FILL}"')
     (folder / "mimo-source.toml").write_text(mimo)
-    # the MiMo family once more, its discard leaving random values, not zeros
-    scenarios.append(copied(folder / "mimo-source.toml", folder, "mimo-random.toml", cycle='discard_fill = "random"\n'))
+    # the MiMo family once more, its discard leaving random values, not zeros, and following vLLM 0.34's L2 sleep
+    random = 'discard_fill = "random"\ndiscard_rules = "0.34"\n'
+    scenarios.append(copied(folder / "mimo-source.toml", folder, "mimo-random.toml", MATRIX, cycle=random))
     return scenarios
 
 
@@ -76,6 +116,9 @@ def variant(run: dict[str, Any], scenario: str, name: str) -> dict[str, Any]:
 
 def test_the_matrix_covers_every_shipped_cpu_family(run: dict[str, Any]) -> None:
     assert sorted(run["results"]) == sorted([*FAMILIES, RANDOM_FILL])
+    for name, result in run["results"].items():
+        wanted = MATRIX | ({"naive"} if name in FAMILIES else set()) | (set(PRESERVE) if name == PRESERVED else set())
+        assert {v["name"] for v in result["variants"]} == wanted
     assert all(r["verdict"] == "pass" and r["complete"] for r in run["results"].values()), outcome_note(run)
     assert run["leftovers"] == []
 
@@ -142,15 +185,31 @@ def test_stock_and_the_reference_fix_keep_every_tensor_at_its_address(run: dict[
         assert v["findings"] == [], (name, v["findings"])
 
 
+def discard_answers(v: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every worker's answer to the variant's first emulated discard."""
+    return next(s for s in v["steps"] if s["name"] == "discard")["response"]["results"]
+
+
+def fingerprint_at(v: dict[str, Any], point: str) -> dict[str, Any]:
+    """The first rank's fingerprints at the first probe point so named."""
+    return next(d for d in v["diagnostics"] if d["point"] == point)["fingerprints"][0]
+
+
 @pytest.mark.parametrize("scenario", sorted(FAMILIES))
 def test_the_discard_takes_every_kind_a_real_l2_sleep_takes(run: dict[str, Any], scenario: str) -> None:
-    discard = next(s for s in variant(run, scenario, "baseline")["steps"] if s["name"] == "discard")
-    for answer in discard["response"]["results"]:
+    base = variant(run, scenario, "baseline")
+    for answer in discard_answers(base):
+        # no discard_rules in the file: the worker follows the rules of the vLLM it runs
+        assert answer["rules"] == release_rules(base["vllm_version"]) and answer["preserve"] == []
         for role in ("target", "draft"):
             counts = answer[role]
             assert counts["parameter"] > 0 and counts["packed"] > 0 and counts["buffer_kept"] > 0, (role, counts)
-        # the Gemma4 target's RMSNorm(has_weight=False) placeholders: discarded, as a GPU would, and never read
-        assert (answer["target"]["attribute"] > 0) == (scenario == "cpu-gemma4-mtp")
+        # the Gemma4 target's RMSNorm(has_weight=False) placeholders (never read): discarded as a GPU of the release
+        # would, under 0.32/0.33's rules; 0.34's keep them (test_the_034_rules_keep_plain_attributes_...)
+        placeholders = answer["target"]["attribute"] + answer["target"]["attribute_kept"]
+        assert (placeholders > 0) == (scenario == "cpu-gemma4-mtp")
+        assert answer["target"]["attribute"] == (placeholders if answer["rules"] == "0.33" else 0)
+        assert answer["target"]["buffer"] == answer["draft"]["buffer"] == 0  # no family's buffer aliases a parameter
 
 
 def table_cells(line: str) -> list[str]:
@@ -158,17 +217,18 @@ def table_cells(line: str) -> list[str]:
 
 
 def test_the_combined_report_shows_the_matrix(run: dict[str, Any]) -> None:
-    """A row per scenario, a column per variant name (the shared run's other scenarios add theirs)."""
+    """The compact table that opens the report: a row per scenario × variant with its verdict (the shared run's other
+    scenarios add theirs)."""
     report = (run["dir"] / "report.md").read_text()
     assert for_terminal(report) in run["proc"].stdout  # printed as plain text, for a CI log
     lines = report.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("| scenario |"))
     table = itertools.takewhile(lambda line: line.startswith("|"), lines[first:])
     header, _rule, *rows = [table_cells(line) for line in table]
-    matrix = {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+    verdicts = {(row[0], row[1]): row[header.index("verdict")] for row in rows}
     for scenario, naive in FAMILIES.items():
-        outcomes = [matrix[scenario][name].split()[0] for name in ("baseline", "patched", "naive")]
-        assert outcomes == ["collapse", "recover", naive], matrix[scenario]
+        cells = [verdicts[scenario, name] for name in ("baseline", "patched", "naive")]
+        assert [cell.split()[0] for cell in cells] == ["collapse", "recover", naive], cells
 
 
 def test_a_random_discard_is_still_caught_as_not_restored(run: dict[str, Any]) -> None:
@@ -181,3 +241,46 @@ def test_a_random_discard_is_still_caught_as_not_restored(run: dict[str, Any]) -
     assert discarded["all_zero"] == 0 and discarded["differ"] > 0
     restore = next(d for d in base["diagnostics"] if d["point"] == "after reload_weights")["fingerprints"][0]
     assert restore["draft"]["all_zero"] == 0 and restore["draft"]["differ"] > 0 and restore["target"]["differ"] == 0
+    # by 0.34's rules, as the scenario asked: its stock vLLM still loses the drafter, and the fix still brings it back
+    assert run["results"][RANDOM_FILL]["scenario"]["settings"]["cycle"]["discard_rules"] == "0.34"
+    assert all(a["rules"] == "0.34" for v in (base, patched) for a in discard_answers(v))
+
+
+@pytest.mark.parametrize("name", PRESERVE)
+def test_vllms_workaround_keeps_the_drafters_own_weights_by_either_releases_rules(
+    run: dict[str, Any], name: str
+) -> None:
+    """--sleep-preserve-parameter-names 'draft.*' on stock vLLM: the drafter's own parameters (and their packed CPU
+    copies) survive the sleep, by 0.32/0.33's rules (saved and written back by name) and by 0.34's (left out of what
+    is discarded); what the drafter shares with the target is the target's, lost and brought back by its reload."""
+    v = variant(run, PRESERVED, name)
+    assert v["outcome"] == "recover" and v["patch"] is None, v.get("error")
+    assert all(s["acceptance_length"] == 4.0 for s in v["stages"])
+    asked = run["results"][PRESERVED]["scenario"]["settings"]["variants"][name]
+    assert asked["args"] == ["--sleep-preserve-parameter-names", "draft.*"]
+    fresh, discarded = fingerprint_at(v, "after fresh"), fingerprint_at(v, "after discard")
+    shared = fresh["draft"]["shared_with_target"]
+    assert shared > 0
+    for answer in discard_answers(v):
+        assert answer["preserve"] == ["draft.*"]
+        assert answer["rules"] == (asked["discard_rules"] or release_rules(v["vllm_version"]))
+        draft = answer["draft"]
+        assert draft["parameter"] == shared and draft["parameter_kept"] > 0  # only the target's tensors are lost
+        assert draft["packed"] == 0 and draft["packed_kept"] > 0
+    # read back before the wake: of the drafter, only the tensors it shares with the target differ from fresh
+    assert discarded["draft"]["differ"] == shared and discarded["draft"]["packed_discarded"] == shared
+    lost = discarded["target"]["differ_by_kind"]  # the target's parameters are all lost, its buffers all kept
+    assert lost["parameter"] == fresh["target"]["kinds"]["parameter"] and lost["buffer"] == 0
+
+
+def test_the_034_rules_keep_plain_attributes_the_033_rules_discard(run: dict[str, Any]) -> None:
+    """The Gemma4 target holds plain tensor attributes (RMSNorm(has_weight=False) placeholders, memory of their own):
+    0.32/0.33 drop the whole weights pool, 0.34 backs up everything that is not a discardable parameter's storage.
+    Parameters and packed weights go alike under both."""
+    (older,), (newer,) = (discard_answers(variant(run, PRESERVED, name)) for name in PRESERVE)
+    assert (older["rules"], newer["rules"]) == ("0.33", "0.34")
+    assert older["target"]["attribute"] > 0 and older["target"]["attribute_kept"] == 0
+    assert newer["target"]["attribute"] == 0 and newer["target"]["attribute_kept"] == older["target"]["attribute"]
+    for kind in ("parameter", "packed", "buffer", "parameter_kept", "packed_kept", "buffer_kept"):
+        assert older["target"][kind] == newer["target"][kind], kind
+    assert older["draft"] == newer["draft"]

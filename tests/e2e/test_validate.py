@@ -60,6 +60,11 @@ CASES = {
         "speculative",
         "SpeculativeConfig refuses it: dspark_draft_topk is only supported by DSpark",
     ),
+    "a tensor-parallel size the drafter's heads do not divide into": (  # the drafter takes the server's size
+        MINIMAL.replace("[server]", "[server]\ntensor_parallel_size = 8"),
+        "server.tensor_parallel_size",
+        "must be divisible by tensor parallel size (8)",
+    ),
     "variant argument vLLM does not know": (
         MINIMAL + '[variants.baseline]\n[variants.preserve]\nargs = ["--sleep-preserve-parameter-namez", "draft.*"]\n',
         "variants.preserve.args",

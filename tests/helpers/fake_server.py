@@ -32,7 +32,8 @@ Other faults: --spawn-child (a child process in the same group, like EngineCore)
 warmup included), path:/sleep (any POST path), rpc:METHOD, and ACTION one of kill-group / stop-group
 (SIGKILL / SIGSTOP this server's own process group), int-parent / term-parent (SIGINT / SIGTERM to the
 process that launched us, i.e. specwake); --no-spec-metrics (speculation silently off: no spec-decode
-families), --reset-counters-at N (every counter restarts from 0 at the N-th completion, like a restarted engine).
+families), --reset-counters-at N (every counter restarts from 0 at the N-th completion, like a restarted engine),
+--draft-discard-warning (the first sleep at level 2 logs vLLM 0.34's warning that it discards the drafter's weights).
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ FAULT_ACTIONS = {
 }
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 TAGS = ("weights", "kv_cache")
+# vLLM 0.34's warning on a Level 2 sleep (vllm/v1/worker/gpu_worker.py:309-317, warning_once), as a worker logs it
+DRAFT_DISCARD_WARNING = (
+    "(Worker pid={pid}) WARNING 11-30 02:17:00 [gpu_worker.py:309] Level 2 sleep discards draft model weights;"
+    " reload_weights restores only the target. Unless the draft is updated separately, set"
+    " --sleep-preserve-parameter-names 'draft.*' to keep them."
+)
 
 
 class State:
@@ -80,6 +87,7 @@ class State:
         self.lock = threading.Lock()
         self.asleep: set[str] = set()
         self.engine_dead = False
+        self.warned = False  # the draft discard warning, logged once (warning_once)
         self.completions = 0  # completion requests received, for --fault completion:N
         self.vllm = ServerModel(
             model=args.model,
@@ -242,6 +250,9 @@ class Handler(BaseHTTPRequestHandler):
                 state.asleep = set(TAGS)
                 if level == 2:
                     state.vllm.discard()
+                    if state.args.draft_discard_warning and not state.warned:
+                        state.warned = True
+                        print(DRAFT_DISCARD_WARNING.format(pid=os.getpid()), flush=True)
             self.reply(200, {"status": "sleeping", "level": level})
         elif url.path == "/wake_up":
             if state.args.mode == "oom-on-wake" and "kv_cache" in query.get("tags", TAGS):
@@ -372,6 +383,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-prefix-cache", action="store_true", help="never report cached prompt tokens")
     p.add_argument("--max-model-len", type=int, default=0, help="refuse longer prompts (one token a character)")
     p.add_argument("--stale-prefix-cache", action="store_true", help="/reset_prefix_cache keeps the hashes")
+    p.add_argument("--draft-discard-warning", action="store_true", help="vLLM 0.34's warning at the L2 sleep")
     return p.parse_args(argv)
 
 

@@ -139,3 +139,24 @@ def test_results_know_the_run_folder_they_were_loaded_from(tmp_path: Path) -> No
         "20260102-000000-2-scenarios",
         None,
     ]
+
+
+def test_report_fits_one_github_comment_and_names_resume_for_an_interrupted_run(tmp_path: Path) -> None:
+    from specwake.report.fit import COMMENT_LIMIT
+    from tests.helpers.builders import tiny_cpu
+
+    base = tiny_cpu()
+    for n in range(14):  # a night of 14 scenarios, each with its evidence: report.md of each about 5,600 characters
+        run = tmp_path / f"20261201-0000{n:02d}-family-{n}"
+        logged = [replace(v, log_path=str(run / "logs" / f"{v.name}.log")) for v in base.variants]
+        save(run, replace(base, scenario={**base.scenario, "name": f"family-{n}"}, variants=logged))
+    night = CliRunner().invoke(app, ["report", str(tmp_path), "--all"])
+    assert night.exit_code == 0, night.output
+    assert len(night.stdout) <= COMMENT_LIMIT and "> ✂️ Shortened to fit one GitHub comment" in night.stdout
+    assert "`20261201-000000-family-0`" in night.stdout  # where the rest is
+    interrupted = tmp_path / "20261201-000000-family-0"
+    partial = replace(load_result(interrupted), complete=False)
+    cut = [partial.variants[0], replace(partial.variants[1], outcome="incomplete", matched=False)]
+    save(interrupted, replace(partial, variants=cut))
+    shown = CliRunner().invoke(app, ["report", str(interrupted)])
+    assert f"--resume {interrupted}` runs only those" in shown.stdout

@@ -260,3 +260,39 @@ def test_a_variant_one_run_did_not_select_is_no_setting_that_differs() -> None:
     assert [str(d) for d in settings_differences(old, moved)] == [
         "variants.patched.patch '/p/fix.diff' → '/p/other.diff'"
     ]
+
+
+def measured(result: ScenarioResult, alone: bool) -> ScenarioResult:
+    """Every stage of every variant measured alone, or beside other servers' work."""
+    variants = [replace(v, stages=[replace(s, measured_alone=alone) for s in v.stages]) for v in result.variants]
+    return replace(result, variants=variants)
+
+
+def test_a_run_measured_alone_against_one_measured_side_by_side_is_marked_and_its_speed_call_advisory() -> None:
+    *history, old = [measured(run, alone=True) for run in nights()]
+    slow = measured(scaled(base(), 0.5), alone=False)  # half the tok/s: other servers measured meanwhile
+    c = compare(old, slow, history=history)
+    assert c.measured_differently == ["baseline: alone in old, side by side in new",
+                                      "patched: alone in old, side by side in new"]  # fmt: skip
+    assert row(c, "patched", "after L2 #1").call == "alone → side by side"
+    speed = row(c, "patched", SPEED_STAGE)
+    assert speed.call == "drop (advisory)" and not c.regressions and exit_code([c]) == 0
+    assert "tok/s measured differently — baseline: alone in old" in render_comparison_markdown(c)
+    same_way = compare(old, measured(scaled(base(), 0.5), alone=True), history=history)
+    assert same_way.measured_differently == [] and row(same_way, "patched", SPEED_STAGE).regression
+    assert compare(base(), base()).measured_differently == []  # results that do not record it: nothing said
+
+
+def test_an_interrupted_new_run_is_named_unfinished_not_counted_as_regressions() -> None:
+    old = base()
+    patched = old.variants[1]
+    cut = replace(patched, outcome="incomplete", matched=False, stages=patched.stages[:1])
+    new = replace(old, variants=[old.variants[0], cut], complete=False)
+    c = compare(old, new)
+    assert c.unfinished == [f"{old.name} / patched"] and c.regressions == [] and exit_code([c]) == 0
+    assert c.only_old == []  # the stages it never reached are not "missing"
+    assert [r.stage for r in c.rows if r.variant == "patched"] == ["fresh"]  # what it measured is compared
+    text = render_comparison_markdown(c)
+    assert f"The new run is incomplete (interrupted): {old.name} / patched unfinished." in text
+    finished_wrong = replace(new, variants=[old.variants[0], replace(cut, outcome="collapse")], complete=True)
+    assert compare(old, finished_wrong).regressions  # a finished variant that fails still counts

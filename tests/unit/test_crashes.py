@@ -394,3 +394,24 @@ def test_a_startup_validation_error_quotes_its_reason() -> None:
     assert first_exception(field_level) == (
         "ValidationError: 1 validation error for ModelConfig — Input should be a valid int"
     )
+
+
+# ------------------------------------------------------------------ warnings vLLM logs (judge.log_warnings)
+
+DRAFT_DISCARD = (
+    "Level 2 sleep discards draft model weights; reload_weights restores only the target. Unless the draft is updated"
+    " separately, set --sleep-preserve-parameter-names 'draft.*' to keep them."
+)
+
+
+def test_the_draft_discard_warning_is_quoted_once_without_prefix_or_colour() -> None:
+    from specwake.judge.log_warnings import find_warnings
+
+    lines = [
+        "INFO 11-30 02:16:58 [api_server.py:1] Starting vLLM API server",
+        f"(Worker_TP0 pid=11) WARNING 11-30 02:17:00 [gpu_worker.py:309] {DRAFT_DISCARD}\n",
+        f"\x1b[1;36m(Worker_TP1 pid=12)\x1b[0;0m WARNING 11-30 02:17:00 [gpu_worker.py:309] {DRAFT_DISCARD}\n",
+        "WARNING 11-30 02:17:01 [serving.py:9] Level 1 sleep keeps every weight",
+    ]
+    assert find_warnings(lines) == [DRAFT_DISCARD]
+    assert find_warnings(lines[:1] + lines[3:]) == []

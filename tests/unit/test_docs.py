@@ -70,6 +70,23 @@ def test_readme_flags_exist() -> None:
             assert flag in help_text, f"README documents {flag} for `specwake {name}`, but the CLI has no such flag"
 
 
+def test_the_help_of_sequential_says_what_the_mode_lines_of_a_run_say() -> None:
+    """`run --sequential` prints ASKED["sequential"], the CPU default one of MEASURING's two side-by-side lines:
+    the flag's help names what each of them says, so that neither reads as the other."""
+    from typer.testing import CliRunner
+
+    from specwake.cli import app
+    from specwake.run.runner import ASKED, MEASURING
+
+    help_text = " ".join(CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "300"}).output.split())
+    flag = help_text[help_text.index("--no-sequential") :]
+    flag = flag[: flag.index("[default")]
+    assert ASKED["sequential"].split(" (")[0] in flag, flag
+    for mode in ("overlapped", "parallel"):
+        said = MEASURING[mode].split(": ")[0]  # "servers side by side, measuring at once"
+        assert said.split(", ")[1] in flag, (said, flag)
+
+
 def test_readme_gives_the_two_commands() -> None:
     assert "make demo" in README and "make test" in README
 

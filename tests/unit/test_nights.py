@@ -201,3 +201,12 @@ def test_chart_without_matplotlib_or_results_is_an_input_error(monkeypatch: pyte
     with pytest.raises(InputError) as info:
         render_trend_chart(build_trend(_nights()), tmp_path / "x.png")
     assert str(info.value) == MISSING_MATPLOTLIB and not (tmp_path / "x.png").exists()
+
+
+def test_runs_minutes_apart_are_runs_not_nights() -> None:
+    early = [_night(24, [_variant("patched")])]
+    soon = [replace(early[0], started_at="2026-11-24T02:29:00+00:00")]  # twelve minutes later
+    text = render_trend_markdown(build_trend([early, soon]))
+    assert text.startswith("### Trend over 2 runs (2026-11-24 02:17 → 2026-11-24 02:29)")
+    assert "One character per run, oldest first, the newest last" in text and "night" not in text
+    assert render_trend_markdown(build_trend(_nights())).startswith("### Trend over 4 nights")

@@ -119,11 +119,12 @@ def test_an_lm_head_is_judged_by_its_own_weight_and_by_the_copy_the_forward_read
     assert fingerprint(model, reference=kept)["differ_names"] == ["head.weight"]
 
 
+@pytest.mark.parametrize("rules", ["0.33", "0.34"])
 @pytest.mark.parametrize("fill", ["zero", "nan", "random"])
-def test_a_discarded_packed_copy_differs_until_the_reload_packs_anew(fill: str) -> None:
+def test_a_discarded_packed_copy_differs_until_the_reload_packs_anew(fill: str, rules: str) -> None:
     model = Model()
     _, kept = fresh(model)
-    emulate_discard({"target": model}, fill)
+    emulate_discard({"target": model}, fill, rules)
     after = fingerprint(model, reference=kept, packed=packed_state(model))
     assert after["differ_names"] == ["proj.weight", "proj.bias", "head.weight", "head.bias"]
     assert after["packed_discarded"] == 2 and after["unpacked"] == 2

@@ -6,6 +6,7 @@ The golden file is regenerated with SPECWAKE_UPDATE_GOLDEN=1 (then review its di
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import re
@@ -29,7 +30,7 @@ from specwake.report import (
     stages_frame,
 )
 from specwake.report.summary import EMULATED_NOTE, RESET_NOTE
-from specwake.results import SCHEMA, Push, StepResult, VariantResult, from_dict
+from specwake.results import SCHEMA, Push, ScenarioResult, StepResult, VariantResult, from_dict
 from specwake.runfolder import load_result, write_files
 from tests.helpers.builders import (
     PATCH_SHA,
@@ -49,6 +50,13 @@ GOLDEN = DATA / "golden-report.md"
 
 def _normalised(text: str) -> str:
     return re.sub(r"started \S+?(?=</sub>)", "started <time>", text)
+
+
+def _stage_table(text: str) -> list[str]:
+    """The lines of the first stage table (the wide one, under the compact table)."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| variant "))
+    return list(itertools.takewhile(lambda line: line.startswith("|"), lines[first:]))
 
 
 def _table_rows(text: str, variant: str) -> list[list[str]]:
@@ -135,9 +143,8 @@ def test_stage_table_has_stable_widths_and_stage_order() -> None:
     faster = [replace(s, tok_s=[x * 15 for x in s.tok_s]) for s in baseline.stages]  # 41 → 617 tok/s
     shuffled = replace(baseline, stages=list(reversed(faster)))
     other = replace(result, variants=[shuffled, result.variants[1]])
-    lines_a = [line for line in render_markdown([result]).splitlines() if line.startswith("| ")]
-    lines_b = [line for line in render_markdown([other]).splitlines() if line.startswith("| ")]
-    table_a, table_b = lines_a[: 2 + 6], lines_b[: 2 + 6]
+    table_a, table_b = _stage_table(render_markdown([result])), _stage_table(render_markdown([other]))
+    assert len(table_a) == len(table_b) == 2 + 6
     assert [len(line) for line in table_a] == [len(line) for line in table_b]
     assert [r[1] for r in _table_rows("\n".join(table_b), "baseline")] == ["fresh", "after L2 #1", "after L2 #2"]
 
@@ -183,7 +190,7 @@ def test_patched_over_baseline_ratio_line() -> None:
 def test_details_per_variant_with_positions_steps_diagnostics_and_command() -> None:
     result = tiny_cpu()
     text = render_markdown([result])
-    assert text.count("<details>") == text.count("</details>") == len(result.variants)
+    assert text.count("<details>") == text.count("</details>") == 1 + len(result.variants)  # the stage table's, each's
     base = result.variants[0]
     assert "| stage | pos 1 | pos 2 | pos 3 |" in text
     per_pos = base.stages[0].num_accepted_tokens / base.stages[0].num_drafts / 3
@@ -227,7 +234,7 @@ def test_provenance_footer() -> None:
         "GPUs: baseline 0,1; patched|v2 2,3",
         "L2 discard: native",
         "mode: sequential",
-        "tok/s CI: range (n&lt;6)",
+        "tok/s CI: range (n<6)",
         "started 2025-06-01T12:00:00Z",
     ):
         assert part in footer, part
@@ -344,6 +351,7 @@ def test_old_sample_result_still_loads() -> None:
     text = render_markdown([result])
     assert text.startswith(f"## specwake: ✅ {raw['verdict'].upper()}")
     assert "mode: –" in text and "<details>" in text  # older results lack run mode and diagnostics
+    assert result.tested_releases == [] and all(v.vllm_warnings == [] for v in result.variants)  # fields added since
 
 
 # ------------------------------------------------------------ load errors
@@ -397,17 +405,35 @@ def test_a_push_runs_footnote_names_the_push_not_a_reload_that_never_ran() -> No
     assert "- **patched**: recover (expected recover) ✓ · pushed target and draft —" in text
 
 
-def test_runs_of_one_scenario_are_told_apart_in_the_report_and_the_csv() -> None:
+def test_runs_of_one_scenario_are_told_apart_by_what_differs() -> None:
+    """Three runs of tiny-cpu, two fixes and stock vLLM alone: counted as runs of one scenario, each named by what
+    differs (its patch file; the variants it ran), never by when it started, in the compact table and its heading."""
     first = tiny_cpu()
-    second = replace(first, started_at="2026-12-02T02:17:00+00:00")
-    text = render_markdown([first, second])
-    assert (
-        f"### tiny-cpu — run {first.started_at} —" in text and "### tiny-cpu — run 2026-12-02T02:17:00+00:00 —" in text
+    baseline, patched = first.variants
+    other_fix = replace(first, variants=[baseline, replace(patched, patch="/tmp/fix-b.diff")], started_at="2026-12-02")
+    stock = replace(first, variants=[baseline], started_at="2026-12-03")
+    text = render_markdown([first, other_fix, stock])
+    assert text.startswith("## specwake: ✅ PASS — 3 runs of tiny-cpu, 5/5 variants as expected\n")
+    # The variants differ too, but the patch files alone tell the three apart
+    labels = ["tiny-cpu (patch draft-reload.diff)", "tiny-cpu (patch fix-b.diff)", "tiny-cpu (no patch)"]
+    for label in labels:
+        assert f"### {label} — ✅ PASS" in text and f"| {label} | baseline |" in text
+    assert "2026-12-02" not in text.split("<sub>")[0]  # the start time is in the footers alone
+    only_fix = replace(first, variants=[patched])  # the same patch: the variants tell them apart
+    assert "### tiny-cpu (variant patched) — ✅ PASS" in render_markdown([first, only_fix])
+    # Runs that differ in nothing but when they ran: their run folders (as `report` loads them), or start times
+    again = [
+        replace(first, scenario={**first.scenario, "run": name}) for name in ("20261201-0217-a", "20261202-0217-a")
+    ]
+    assert "### tiny-cpu (run 20261202-0217-a) — ✅ PASS" in render_markdown(again)
+    assert "### tiny-cpu (started 2026-12-02) — ✅ PASS" in render_markdown(
+        [first, replace(first, started_at="2026-12-02")]
     )
-    assert "| tiny-cpu (2026-12-02T02:17:00+00:00) |" in text
-    assert "— run " not in render_markdown([first])  # one run: headings as before
-    frame = pd.read_csv(io.StringIO(render_csv([first, second])))
-    assert sorted(set(frame["run"])) == sorted({first.started_at, second.started_at})
+    assert "### tiny-cpu — ✅ PASS" in render_markdown([first])  # one run: its name alone
+    assert render_markdown([first, graphed_gpu()]).startswith("## specwake: ⚠️ ERROR — 2 scenarios,")
+    assert render_markdown([first, first, graphed_gpu()]).split(",")[0].endswith("— 3 runs of 2 scenarios")
+    frame = pd.read_csv(io.StringIO(render_csv([first, other_fix])))
+    assert sorted(set(frame["run"])) == sorted({first.started_at, other_fix.started_at})
 
 
 def test_markdown_of_a_partial_result_names_the_variants_that_never_ran() -> None:
@@ -423,3 +449,102 @@ def test_markdown_of_a_partial_result_names_the_variants_that_never_ran() -> Non
     assert "| not run … (expected recover) |" in text  # the scenario × variant matrix
     assert re.search(r"^\| patched +\| not run +\|", text, re.MULTILINE)
     assert "- **patched**: incomplete (expected recover) … — not run: nothing recorded" in text
+
+
+def test_the_header_names_a_vllm_of_no_tested_release() -> None:
+    result = tiny_cpu()
+    on = lambda *versions: replace(  # noqa: E731
+        result, variants=[replace(v, vllm_version=x) for v, x in zip(result.variants, versions, strict=True)]
+    )
+    header = render_markdown([on("0.35.0", "0.33.1")]).split("\n### ")[0]
+    assert "untested vLLM release**: 0.35.0 (tiny-cpu/baseline); specwake is tested against vLLM 0.32.0, 0.33.0," in (
+        header
+    )
+    for tested in (("0.33.1", "0.34.1.dev3+g0123abcd"), (None, "0.32.0")):  # a release's series; or not known
+        assert "untested" not in render_markdown([on(*tested)])
+    # The releases the specwake that ran it was tested against, where the result records them
+    older = replace(on("0.33.0", "0.32.0"), tested_releases=["0.32.0"])
+    assert "untested vLLM release**: 0.33.0 (tiny-cpu/baseline); specwake is tested against vLLM 0.32.0\n" in (
+        render_markdown([older])
+    )
+
+
+def test_a_warning_vllm_logged_is_quoted_beside_its_variants_verdict() -> None:
+    result = tiny_cpu()
+    warned = replace(result.variants[0], vllm_warnings=["Level 2 sleep discards draft model weights; <keep> them."])
+    text = render_markdown([replace(result, variants=[warned, result.variants[1]])])
+    line = next(line for line in text.splitlines() if line.startswith("- **baseline**: "))
+    assert "; vLLM warned: “Level 2 sleep discards draft model weights; &lt;keep> them.”" in line
+    assert "vLLM warned" not in next(line for line in text.splitlines() if line.startswith("- **patched**: "))
+
+
+def test_an_interrupted_run_says_how_to_finish_it() -> None:
+    """The command that runs only the unfinished variants into the same run folder (the one its logs lie in), with
+    every scenario file of that run and the run's shard."""
+    result = tiny_cpu()
+    run = "/ci/results/20261201-021700-2-scenarios"
+    logged = [replace(v, log_path=f"{run}/tiny-cpu/logs/{v.name}.log") for v in result.variants]
+    cut = replace(logged[1], outcome="incomplete", matched=False)
+    partial = replace(result, variants=[logged[0], cut], complete=False, scenario={**result.scenario, "shard": "2/4"})
+    named = {**result.scenario, "name": "cpu-eagle3", "file": "scenarios/cpu/eagle 3.toml"}
+    other = replace(
+        result, scenario=named, variants=[replace(v, log_path=f"{run}/cpu-eagle3/logs/{v.name}.log") for v in logged]
+    )
+    text = render_markdown([partial, other])
+    assert (
+        "> ⏸ interrupted, unfinished: tiny-cpu/patched — `specwake run scenarios/tiny-cpu.toml"
+        f" 'scenarios/cpu/eagle 3.toml' --resume {run} --shard 2/4` runs only those\n"
+    ) in text
+    assert "--resume" not in render_markdown([result, other])  # nothing to finish
+
+
+def many_scenarios(count: int) -> list[ScenarioResult]:
+    """A night of `count` scenarios like tiny-cpu (each with its evidence), one run folder each; the last fails."""
+    runs = []
+    for n in range(count):
+        result = tiny_cpu()
+        runs.append(replace(result, scenario={**result.scenario, "name": f"family-{n}", "run": f"20261201-{n:06d}-x"}))
+    failing = replace(runs[-1].variants[1], outcome="collapse", matched=False)
+    runs[-1] = replace(runs[-1], verdict="fail", variants=[runs[-1].variants[0], failing])
+    return runs
+
+
+def test_the_compact_table_comes_first_and_the_rest_is_folded() -> None:
+    text = render_markdown([tiny_cpu(), graphed_gpu()])
+    lines = text.splitlines()
+    assert lines[2] == "| scenario | variant | AL per stage | tok/s after the cycles vs fresh | verdict |"
+    assert lines[4] == "| tiny-cpu | baseline | 4.00 → 1.00 → 1.00 | 0.37× (inconclusive) | collapse ✓ |"
+    assert lines[7] == "| eagle3-graphed | patched\\|v2 | no stage measured | – | error ⚠ (expected recover) |"
+    wide, bullet = lines.index(_stage_table(text)[0]), next(i for i, ln in enumerate(lines) if ln.startswith("- **"))
+    opened = max(i for i, line in enumerate(lines[:wide]) if line == "<details>")
+    assert lines[opened + 1] == "<summary>tiny-cpu: stage table, and why each variant's outcome</summary>"
+    assert "</details>" not in lines[opened:bullet]  # the verdict lines are in the same fold
+    # tok/s: a clear loss says whether it counts (here the L2 discard is emulated and the scenario sets no threshold)
+    result = tiny_cpu()
+    slowed = [measured_stage(0, 64, 192, [41.0, 40.5, 42.0, 40.0, 41.5], None),
+              *(measured_stage(c, 192, 0, [15.5, 15.25, 15.75], True) for c in (1, 2))]  # fmt: skip
+    expect = {**result.scenario["settings"]["expect"], "min_speedup_recovery": None}
+    unset = {**result.scenario, "settings": {**result.scenario["settings"], "expect": expect}}
+    lost = replace(result, variants=[replace(result.variants[0], stages=slowed)])
+    assert "| tiny-cpu | baseline | 4.00 → 1.00 → 1.00 | 0.38× (lost) | collapse ✓ |" in render_markdown([lost])
+    advisory = render_markdown([replace(lost, scenario=unset)])
+    assert "| tiny-cpu | baseline | 4.00 → 1.00 → 1.00 | 0.38× (lost, advisory) | collapse ✓ |" in advisory
+
+
+def test_a_whole_night_fits_one_github_comment_and_says_where_the_rest_is() -> None:
+    from specwake.report.fit import COMMENT_LIMIT
+
+    night = many_scenarios(14)
+    full = render_markdown(night)
+    assert len(full) > COMMENT_LIMIT  # the night as report.md keeps it
+    text = render_markdown(night, COMMENT_LIMIT)
+    assert len(text) <= COMMENT_LIMIT
+    assert all(f"| family-{n} | {v} |" in text for n in range(14) for v in ("baseline", "patched"))  # every row
+    note = next(line for line in text.splitlines() if line.startswith("> ✂️"))
+    left = int(re.search(r"left out: (\d+) variants' evidence \(`<details>` blocks\)\. ", note).group(1))  # type: ignore[union-attr]
+    assert "(65,536 characters)" in note and "report.md has everything (`20261201-000000-x`, " in note
+    assert text.count("<summary>baseline: ") + text.count("<summary>patched: ") == 28 - left
+    # The failing scenario loses nothing: what went wrong and its evidence are what the reader came for
+    failing = text[text.index("### family-13 — ❌ FAIL") :]
+    assert "- **patched**: collapse (expected recover) ✗" in failing and "<summary>patched: " in failing
+    assert render_markdown(night[:2], COMMENT_LIMIT) == render_markdown(night[:2])  # fits: as it is

@@ -64,6 +64,18 @@ def test_ledger_and_drift_over_many_cycles() -> None:
     assert drift_line(replace(soak, steps=steps(2), stages=[stage(0), stage(1), stage(2)])) is None  # too few
 
 
+def test_the_al_drift_claims_no_change_al_cannot_make() -> None:
+    """AL lies in [1, K + 1]: over cycles 1–3 it can change by at most K = 3, 1.5 a cycle. AL 4, 1, 4 fits a flat line
+    whose t interval (1 degree of freedom) is ±22 a cycle: printed as ±1.5."""
+    swinging = [builders.stage(c, drafts=10, accepted=30 if c % 2 else 0) for c in (1, 2, 3)]
+    line = drift_line(replace(BASE, stages=[stage(0), *swinging], steps=steps(3))) or ""
+    assert line.endswith("AL +0.0000 [-1.5000, +1.5000]"), line
+    falling = [builders.stage(c, drafts=10, accepted=max(0, 30 - 15 * c)) for c in (1, 2, 3)]  # AL 2.5, 1, 1
+    assert drift_line(replace(BASE, stages=[stage(0), *falling], steps=steps(3))).endswith(  # type: ignore[union-attr]
+        "AL -0.7500 [-1.5000, +1.5000]"
+    )
+
+
 def test_cost_table_sets_variants_side_by_side() -> None:
     table = cost_table([replace(BASE, steps=steps(3)), replace(BASE, name="preserve", steps=steps(3, 50.0))])
     assert table[1] == (

