@@ -29,8 +29,11 @@ class BuiltinModel:
 
 
 BUILTIN_MODELS: tuple[BuiltinModel, ...] = (
-    # A seeded random 2-layer Llama that drafts with an identical copy of itself.
-    BuiltinModel("tiny-llama", "draft_model", "target and drafter", 410_240),
+    # A seeded random 2-layer Llama, and its drafter: the same network with its dimensions reordered, so it
+    # drafts what the target says from a checkpoint that differs from the target's (some scenarios draft with
+    # tiny-llama itself).
+    BuiltinModel("tiny-llama", "draft_model", "target (or its own drafter)", 410_240),
+    BuiltinModel("tiny-llama-draft", "draft_model", "drafter (tiny-llama reordered)", 410_240),
     # Bigram machines (see specwake/worker/bigram.py) and drafters of each family built to match them.
     BuiltinModel("eagle3-llama", "EAGLE3", "target", 410_240),
     BuiltinModel("eagle3-llama-draft", "EAGLE3", "drafter", 303_616),  # vLLM shares the target's embedding

@@ -17,6 +17,7 @@ from specwake.worker.tokenizer import write_checkpoint
 
 BUILDERS: dict[str, Callable[[str], Checkpoint]] = {
     "tiny-llama": lambda name: tiny_llama.checkpoint(),
+    "tiny-llama-draft": lambda name: tiny_llama.draft_checkpoint(),
     "eagle3-llama": families.bigram_llama,
     "eagle3-llama-draft": families.bigram_llama_eagle3,
     "mtp-mimo": families.bigram_mimo_mtp,

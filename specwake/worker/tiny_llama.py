@@ -1,7 +1,9 @@
-"""`builtin:tiny-llama`: a seeded random two-layer Llama, used as both target and `draft_model` drafter.
+"""`builtin:tiny-llama`: a seeded random two-layer Llama, the target of the `draft_model` pair, and
+`builtin:tiny-llama-draft`, its drafter: the same network with its hidden dimensions and MLP units reordered.
 
-Its greedy text is arbitrary but deterministic; with the drafter identical to the target, every draft is
-accepted, so fresh AL is K + 1.
+Greedy text is arbitrary but deterministic. The drafter computes the target's function, so every draft is
+accepted and fresh AL is K + 1; yet almost every tensor differs from the target's, so a drafter reloaded from
+the target's checkpoint (a wrong fix) is not the drafter that was loaded fresh.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 from specwake.worker.tokenizer import MAX_POSITIONS, VOCAB_SIZE, special_ids
 
 SEED = 20240601
+DRAFT_SEED = 20240602  # draws the drafter's reordering
 HIDDEN = 128
 HEADS = 2
 HEAD_DIM = 64
@@ -81,3 +84,36 @@ def model_weights(seed: int = SEED) -> dict[str, torch.Tensor]:
 
 def checkpoint() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return llama_config(), model_weights()
+
+
+def reordered(weights: dict[str, torch.Tensor], seed: int = DRAFT_SEED) -> dict[str, torch.Tensor]:
+    """The same network in other coordinates: one seeded permutation of the residual stream's dimensions for the
+    whole model, and one of the MLP's hidden units per layer.
+
+    A tensor that writes the residual stream has its rows permuted, one that reads it its columns, and the norms
+    their elements (RMSNorm is unchanged by a reordering of its dimensions); gate and up have their rows permuted
+    like down's columns. Attention's heads and head dimensions stay in place (rotary embeddings pair them).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randperm(HIDDEN, generator=gen)
+    out = {
+        "model.embed_tokens.weight": weights["model.embed_tokens.weight"][:, h],
+        "model.norm.weight": weights["model.norm.weight"][h],
+        "lm_head.weight": weights["lm_head.weight"][:, h],
+    }
+    for i in range(LAYERS):
+        p = f"model.layers.{i}"
+        units = torch.randperm(INTERMEDIATE, generator=gen)
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+            out[f"{p}.{name}.weight"] = weights[f"{p}.{name}.weight"][:, h]
+        out[f"{p}.self_attn.o_proj.weight"] = weights[f"{p}.self_attn.o_proj.weight"][h, :]
+        for name in ("mlp.gate_proj", "mlp.up_proj"):
+            out[f"{p}.{name}.weight"] = weights[f"{p}.{name}.weight"][units][:, h]
+        out[f"{p}.mlp.down_proj.weight"] = weights[f"{p}.mlp.down_proj.weight"][h][:, units]
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            out[f"{p}.{name}.weight"] = weights[f"{p}.{name}.weight"][h]
+    return out
+
+
+def draft_checkpoint() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    return llama_config(), reordered(model_weights())
