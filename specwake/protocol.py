@@ -393,12 +393,28 @@ class DiscardAnswer:
         return cls(str(data.get("fill")), elements, draft, models, rules, preserve)
 
 
+# How a tensor that differs from fresh differs (Fingerprint.differ_how), as the worker reads it (specwake.worker.digest)
+REARRANGED = "rearranged"  # the same values in other places: rows reversed, halves swapped, another order
+SIGNS = "signs"  # the same magnitudes, some signs changed
+VALUES = "values"  # other values
+GONE = "gone"  # resident when fresh, now on meta or emptied
+DIFFERENCES = (REARRANGED, SIGNS, VALUES, GONE)
+# What a fingerprint compares: 1, the sum of |x| per tensor within a relative 1e-9 (an older specwake's: blind to a
+# permutation or a sign change); 2, a position-weighted digest of each tensor's bits, exactly, with sums that say how
+# a tensor differs (specwake.worker.digest). An answer without `version` is a version 1 answer.
+FINGERPRINT_VERSION = 2
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     """One model's fingerprint on one rank (see specwake.worker.tensors). The counts from `tensors` to `nonfinite`
     are over parameters; `kinds` counts every judged tensor; the comparison fields are None at `after fresh`, where
-    the fingerprint is kept instead, and in results of a specwake that compared nothing."""
+    the fingerprint is kept instead, and in results of a specwake that compared nothing. `differ_names`: the first
+    differing tensors (20; 5 before version 2), `differ_how` the kind of difference of each (DIFFERENCES),
+    `differ_by_how` the counts of every kind; `by_sums`: tensors compared by their sums within a tolerance, not bit for
+    bit (re-derived after loading on an accelerator)."""
 
+    version: int = 1
     present: bool = True
     model_class: str | None = None  # "class" in JSON
     tensors: int = 0
@@ -419,6 +435,9 @@ class Fingerprint:
     differ: int | None = None
     differ_names: list[str] = field(default_factory=list)
     differ_by_kind: dict[str, int] = field(default_factory=dict)
+    differ_how: dict[str, str] = field(default_factory=dict)
+    differ_by_how: dict[str, int] = field(default_factory=dict)
+    by_sums: int = 0
     moved: int | None = None
     moved_names: list[str] = field(default_factory=list)
     moved_by_kind: dict[str, int] = field(default_factory=dict)
@@ -445,7 +464,9 @@ class Fingerprint:
         data = asdict(self)
         data["class"] = data.pop("model_class")
         if not self.compares:
-            for key in ("compared", "differ", "differ_names", "differ_by_kind", "moved", "moved_names"):
+            for key in ("compared", "differ", "differ_names", "differ_by_kind", "differ_how", "differ_by_how"):
+                data.pop(key)
+            for key in ("by_sums", "moved", "moved_names"):
                 data.pop(key)
             data.pop("moved_by_kind")
             data.pop("uncovered_differ")

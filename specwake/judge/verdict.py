@@ -291,7 +291,7 @@ def perturbed_models(push: Push | None) -> frozenset[str]:
 
 
 def judges_drafter(push: Push | None) -> bool:
-    """Whether the drafter must match its fresh checksums after the wake: after a reload from its checkpoint
+    """Whether the drafter must match its fresh fingerprint after the wake: after a reload from its checkpoint
     (reload_weights, `push` None), or a push or sync into it, partial or perturbed, unless it scaled the target's
     tensors too (then the drafter follows the target's new weights on purpose, and AL judges it). A drafter
     perturbed alone is judged: it must differ from fresh, and does not recover."""

@@ -1,5 +1,5 @@
 """Pure readings of the diagnostics a run recorded (see specwake.run.diagnose): whether target and drafter match their
-fresh checksums after every reload or push, and which tensors moved to new storage. The one-line summaries the report
+fresh fingerprints after every reload or push, and which tensors moved to new storage. The one-line summaries the report
 shows ("draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; …") are specwake.report.weights.
 """
 
@@ -64,7 +64,7 @@ def target_params_differ(diagnostic: Diagnostic) -> int | None:
 
 
 def restored(diagnostics: Sequence[Diagnostic], role: str) -> bool | None:
-    """Whether every rank's `role` matched its fresh checksums after every reload or push; None if unknown."""
+    """Whether every rank's `role` matched its fresh fingerprint after every reload or push; None if unknown."""
     judged = [r for r in restores(diagnostics, role) if r.judged]
     if not judged:
         return None

@@ -22,9 +22,9 @@ from specwake.judge.verdict import (
     post_stages,
     recovery_bound,
 )
-from specwake.judge.weights import Restore, restored, worst_restore
+from specwake.judge.weights import Restore, restored, restores, worst_restore
 from specwake.protocol import KIND_BY_VIA, PUSH_VIA
-from specwake.report.weights import restore_text, weights_line
+from specwake.report.weights import restore_names, restore_text
 from specwake.results import INCOMPLETE, Push, StageResult, VariantResult
 
 MODEL_WORDS = {"target": "target", "draft": "drafter"}
@@ -84,10 +84,39 @@ def _why_corrupt(variant: VariantResult) -> str:
             was = fresh.outputs[i][at or 0 :][:12]
             text += f" (request {i + 1}, from character {at}: {now!r} where fresh had {was!r})"
         reasons.append(text)
-    line = weights_line(variant.diagnostics, "target")
-    if line is not None and "differ" in line and not line.startswith("target: 0/"):
-        reasons.append(line)
+    reason = weights_reason(variant)
+    if reason is not None:
+        reasons.append(reason)
     return "; ".join(reasons) or "target weights differ from fresh"
+
+
+def _judged_roles(variant: VariantResult) -> list[str]:
+    """The models whose fingerprints judge this variant, the one its outcome is about first: the target of a
+    corrupt variant, else the drafter (where it is judged: a reload from its checkpoint); a target that a push scaled on
+    purpose is not."""
+    roles = ["draft"] if judges_drafter(variant.push) else []
+    roles += [] if "target" in perturbed_models(variant.push) else ["target"]
+    return roles[::-1] if variant.outcome == "corrupt" else roles
+
+
+def weights_reason(variant: VariantResult) -> str | None:
+    """Whether the weights explain an outcome: `the drafter's weights explain it (draft: 1/24 tensors differ from fresh
+    after reload_weights in cycle 1 — model.layers.0.mlp.down_proj.weight: signs changed)`, or `not the weights
+    (target and drafter as fresh after every reload_weights)`; None when the fingerprints compared nothing, or when
+    the model the outcome is about was not judged (a drafter the push left out)."""
+    roles = _judged_roles(variant)
+    for role in roles:
+        worst = worst_restore(variant.diagnostics, role)
+        if worst is not None:
+            names = restore_names(worst)
+            found = f"{role}: {restore_text(worst)} after {worst.what} in cycle {worst.cycle}"
+            return f"the {MODEL_WORDS[role]}'s weights explain it ({found}{f' — {names}' if names else ''})"
+    if not roles or any(restored(variant.diagnostics, role) is not True for role in roles):
+        return None
+    if "draft" not in roles and variant.outcome != "corrupt":
+        return None  # a drafter left out of the push, or following a scaled target: its weights were not judged
+    which = "target and drafter" if len(roles) == 2 else f"the {MODEL_WORDS[roles[0]]}"
+    return f"not the weights ({which} as fresh after every {restores(variant.diagnostics, roles[0])[0].what})"
 
 
 def _why_measured(stages: Sequence[StageResult], tolerance: float, collapse_al: float) -> str:
@@ -177,8 +206,10 @@ def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> st
         return f"not finished; {_al_chain(stages)} so far" if stages else "no stage measured yet"
     sent = sent_line(variant.push)
     also = f"; {sent}" if sent else ""
+    weights = weights_reason(variant) if variant.outcome in ("collapse", "degraded") else None
+    weighed = f"; {weights}" if weights else ""
     if variant.outcome == "collapse":
-        return f"{_al_chain(stages)} ({_why_collapse(stages, collapse_al)}){also}"
+        return f"{_al_chain(stages)} ({_why_collapse(stages, collapse_al)}{also}){weighed}"
     if variant.outcome == "floor":
         return "no speculation: the decode speed a collapsed drafter falls to"
     if variant.outcome == "corrupt":
@@ -188,14 +219,7 @@ def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> st
         return _target_perturbed(variant, tolerance, collapse_al)
     if perturbed == DRAFT_ONLY:
         return _drafter_perturbed(variant, tolerance, collapse_al)
-    why = _why_measured(stages, tolerance, collapse_al)
-    unrestored = unrestored_drafter(variant)
-    if unrestored is not None:
-        why += (
-            f"; but the drafter was not restored: {restore_text(unrestored)} after {unrestored.what} in cycle"
-            f" {unrestored.cycle}"
-        )
-    return f"{_al_chain(stages)} ({why}{also})"
+    return f"{_al_chain(stages)} ({_why_measured(stages, tolerance, collapse_al)}{also}){weighed}"
 
 
 def _counts(counted: dict[str, int] | None) -> str:
@@ -243,10 +267,8 @@ def _target_perturbed(variant: VariantResult, tolerance: float, collapse_al: flo
             )
         return f"{_al_chain(stages)} ({sent}; {why})"
     why = _why_measured(stages, tolerance, collapse_al)
-    unrestored = unrestored_drafter(variant)
-    if unrestored is not None:
-        why += f"; but the drafter was not restored: {restore_text(unrestored)} after {unrestored.what} in cycle"
-        why += f" {unrestored.cycle}"
+    reason = weights_reason(variant) if variant.outcome == "degraded" else None
+    why += f"; {reason}" if reason else ""
     return f"{_al_chain(stages)} ({why}; {sent}; the output changed, as the perturbed {_how(variant.push)} intends)"
 
 

@@ -1,5 +1,6 @@
 """The one-line summaries of the workers' diagnostics that the report shows: how far each model is from fresh after
-every reload or push ("draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; …"), parameters no
+every reload or push, and which tensors differ how ("draft: 2/11 tensors differ from fresh after reload_weights in
+cycle 2; … — model.norm.weight, model.fc.weight: other values"), parameters no
 load writes, vLLM's own /weight_checker, what the emulated discard took, and device memory. Whether a model was
 restored is judge's reading (specwake.judge.weights); these only say it.
 """
@@ -10,10 +11,52 @@ from collections.abc import Sequence
 from typing import Any
 
 from specwake.judge.weights import Restore, at, kinds_text, restores, target_params_differ
-from specwake.protocol import AWAKE_POINT, BEFORE_SLEEP, FRESH_POINT, RESTORE_POINTS, SLEEP, DiscardAnswer, Fingerprint
+from specwake.protocol import (
+    AWAKE_POINT,
+    BEFORE_SLEEP,
+    FRESH_POINT,
+    GONE,
+    REARRANGED,
+    RESTORE_POINTS,
+    SIGNS,
+    SLEEP,
+    VALUES,
+    DiscardAnswer,
+    Fingerprint,
+)
 from specwake.results import CheckerReading, Diagnostic
 
 GIB = 1024**3
+NAMES_SHOWN = 3  # differing tensors a line names, then "and N more"
+HOW_WORDS = {
+    REARRANGED: "same values in other places",
+    SIGNS: "signs changed",
+    VALUES: "other values",
+    GONE: "no data (on meta or emptied)",
+}
+
+
+def differ_text(part: Fingerprint) -> str:
+    """The tensors one rank's fingerprint found differing from fresh, the first few with how they differ:
+    `model.layers.0.mlp.down_proj.weight: signs changed`, `a, b, c and 2 more: other values`, `a (signs changed),
+    b (other values) and 1 more`; names alone from an older specwake, which did not say how; "" when none differ."""
+    shown = part.differ_names[:NAMES_SHOWN]
+    if not part.differ or not shown:
+        return ""
+    more = f" and {part.differ - len(shown)} more" if part.differ > len(shown) else ""
+    if not part.differ_how:
+        return ", ".join(shown) + more
+    kinds = [how for how, n in part.differ_by_how.items() if n] or [part.differ_how.get(n, "") for n in shown]
+    if len(set(kinds)) == 1:
+        return f"{', '.join(shown)}{more}: {HOW_WORDS.get(kinds[0], kinds[0])}"
+    named = [f"{n} ({HOW_WORDS.get(part.differ_how.get(n, ''), part.differ_how.get(n, '?'))})" for n in shown]
+    return ", ".join(named) + more
+
+
+def restore_names(restore: Restore) -> str:
+    """`differ_text` of the rank of this reload or push with the most differing tensors; "" when none differ."""
+    parts = [p for p in restore.parts if p is not None and p.differ]
+    return differ_text(max(parts, key=lambda p: p.differ or 0)) if parts else ""
 
 
 def _rank_text(part: Fingerprint) -> tuple[str, str]:
@@ -63,8 +106,9 @@ def _cycles(numbers: Sequence[int]) -> str:
 
 
 def weights_line(diagnostics: Sequence[Diagnostic], role: str) -> str | None:
-    """`draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; 0/11 in cycle 1`: every cycle, the worst
-    first, cycles with the same reading together; None when no fingerprint was taken after a reload or push."""
+    """`draft: 2/11 tensors differ from fresh after reload_weights in cycle 2; 0/11 in cycle 1 (notes) — a, b: other
+    values`: every cycle, the worst first, cycles with the same reading together, then the tensors that differ in the
+    worst (`differ_text`); None when no fingerprint was taken after a reload or push."""
     found = restores(diagnostics, role)
     if not found:
         return None
@@ -79,7 +123,8 @@ def weights_line(diagnostics: Sequence[Diagnostic], role: str) -> str | None:
     (text, rs), *rest = ordered
     line = f"{role}: {text} after {rs[0].what} in {_cycles([r.cycle for r in rs])}"
     line += "".join(f"; {t} in {_cycles([r.cycle for r in g])}" for t, g in rest)
-    return line + (f" ({notes})" if notes else "")
+    names = restore_names(max(found, key=lambda r: (r.not_restored, -r.cycle)))
+    return line + (f" ({notes})" if notes else "") + (f" — {names}" if names else "")
 
 
 def uncovered_line(diagnostics: Sequence[Diagnostic], role: str) -> str | None:

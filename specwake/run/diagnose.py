@@ -2,10 +2,10 @@
 points of a cycle, through the worker extension. specwake.judge.weights reads what was collected.
 
 Fingerprints are compared with the fresh ones inside the workers: the "after fresh" probe saves each tensor's
-checksum and address there, later probes count the tensors that differ and those that moved. A discard that leaves
-random values or NaN (like freed GPU memory) is so caught as "not restored", not only one that leaves zeros. Which
-points read what follows from the step table (protocol.STEPS): fingerprints only where weights are resident (never
-between a real L2 sleep and `wake_weights`), memory around the wake.
+digest, sums and address there, later probes count the tensors that differ (naming how) and those that moved. A
+discard that leaves random values or NaN (like freed GPU memory) is so caught as "not restored", not only one that
+leaves zeros. Which points read what follows from the step table (protocol.STEPS): fingerprints only where weights
+are resident (never between a real L2 sleep and `wake_weights`), memory around the wake.
 """
 
 from __future__ import annotations

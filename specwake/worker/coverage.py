@@ -75,21 +75,28 @@ def _restore(saved: list[tuple[torch.nn.Module, dict[str, Any], list[dict[str, A
 Constructed = set[tuple[int, str]]  # (id of a module, name of a parameter it registered when it was built)
 
 
-def constructed(model: torch.nn.Module) -> Constructed | None:
-    """The parameters each module had when vLLM built the model, before any load: `initialize_model` records them for
-    the layerwise reload (`record_metadata_for_reloading`, model_loader/utils.py:102 in 0.33). A parameter registered
-    later, by `process_weights_after_loading` (MLA's `W_UK_T` / `W_UV`), is derived from loaded ones and re-derived
-    by every reload: not one no load writes. None when this vLLM keeps no such record."""
+def recorded(model: torch.nn.Module) -> dict[int, frozenset[str]] | None:
+    """The parameters each module had when vLLM built the model, before any load, by the module's id: `initialize_model`
+    records them for the layerwise reload (`record_metadata_for_reloading`, model_loader/utils.py:102 in 0.33). None
+    when this vLLM keeps no such record; a module it recorded nothing for is absent."""
     try:
         from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
     except ImportError:
         return None
-    found: Constructed = set()
+    found = {}
     for module in model.modules():
         info = LAYERWISE_INFO.get(module)
         if info is not None:
-            found.update((id(module), name) for name in info.restore_metadata[0])
+            found[id(module)] = frozenset(info.restore_metadata[0])
     return found
+
+
+def constructed(model: torch.nn.Module) -> Constructed | None:
+    """The parameters each module had when vLLM built the model (`recorded`), as (module id, name) pairs. A parameter
+    registered later, by `process_weights_after_loading` (MLA's `W_UK_T` / `W_UV`), is derived from loaded ones and
+    re-derived by every reload: not one no load writes. None when this vLLM keeps no such record."""
+    found = recorded(model)
+    return None if found is None else {(module, name) for module, names in found.items() for name in names}
 
 
 def uncovered(

@@ -21,7 +21,7 @@ from specwake.protocol import Chosen, Memory, PushAnswer, PushRequest, release_r
 from specwake.worker import coverage, push, transfer
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
-from specwake.worker.tensors import Reference, data_ptrs, fingerprint
+from specwake.worker.tensors import Reference, compared_by_sums, data_ptrs, fingerprint
 
 if "vllm" in sys.modules:
     # Imported by vLLM's worker (worker_base.init_worker) before it builds the worker and loads the model, which is
@@ -63,7 +63,7 @@ class SpecwakeWorkerExtension:
         return getattr(self, "model_runner", None)
 
     def _specwake_references(self) -> dict[str, dict[str, Reference]]:
-        """Saved fingerprints: reference name → model ("target" / "draft") → tensor name → (checksum, address)."""
+        """Saved fingerprints: reference name → model ("target" / "draft") → tensor name → (sums, address)."""
         refs = getattr(self, "_specwake_refs", None)
         if refs is None:
             refs = {}
@@ -129,16 +129,18 @@ class SpecwakeWorkerExtension:
     def specwake_fingerprint(
         self, save_as: str | None = None, compare_to: str | None = None, answer_dir: str | None = None
     ) -> dict[str, Any]:
-        """Summaries of every tensor of target and drafter, by kind. `save_as`: remember this call's checksums and
-        addresses under that name; `compare_to`: count the tensors whose checksum differs from the ones saved under
-        that name, and those that moved to another address since."""
+        """Summaries of every tensor of target and drafter, by kind. `save_as`: remember this call's digests, sums and
+        addresses under that name; `compare_to`: count the tensors that differ from the ones saved under that name
+        (each with how) and those that moved to another address since."""
         runner = self._specwake_runner()
         models = named_models(runner)
         refs = self._specwake_references()
         saved = refs.get(compare_to or "", {}) if compare_to else None
-        if save_as:  # the fresh stage: which parameters no load writes, found once
+        if save_as:  # the fresh stage: which parameters no load writes, and which are compared by sums, found once
             self._specwake_coverage = {role: self._specwake_uncovered(runner, role, models) for role in ROLES}
+            self._specwake_by_sums = {role: compared_by_sums(models[role]) for role in ROLES}
         found = getattr(self, "_specwake_coverage", {})
+        by_sums = getattr(self, "_specwake_by_sums", {})
         answer: dict[str, Any] = {}
         kept: dict[str, Reference] = {}
         for role in ROLES:
@@ -152,6 +154,7 @@ class SpecwakeWorkerExtension:
                 packed=packed_state(models[role]),
                 uncovered=uncovered,
                 coverage_error=error,
+                by_sums=by_sums.get(role, frozenset()),
             )
         if save_as:
             refs[save_as] = kept

@@ -1,5 +1,6 @@
-"""Every tensor a model holds, by kind, as a real Level-2 sleep sees them, and the fingerprint of each: a checksum
-compared with the fresh one and the address a CUDA graph would read it at.
+"""Every tensor a model holds, by kind, as a real Level-2 sleep sees them, and the fingerprint of each: a digest of its
+bits compared with the fresh one, with how it differs (specwake.worker.digest), and the address a CUDA graph would
+read it at.
 
 Kinds, and what L2 sleep does with each (every one allocated in the cumem "weights" pool while the models load,
 `load_model`, gpu_worker.py 0.32:587-589, 0.33:594-596, 0.34:595-597); specwake.worker.discard emulates either release:
@@ -26,20 +27,21 @@ outside the pool and outside any CUDA graph, recreated by every `process_weights
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from specwake.protocol import KINDS, Fingerprint
+from specwake.protocol import DIFFERENCES, FINGERPRINT_VERSION, GONE, KINDS, VALUES, Fingerprint
+from specwake.worker import coverage
+from specwake.worker.digest import Sums, difference, worst
 from specwake.worker.packed import PackedCopy, packed_copies, unpacked
 
 KV_CACHE_ATTRIBUTE = "kv_cache"
 HOST_SIDE_ATTRIBUTES = frozenset({"_k_scale_cpu", "_v_scale_cpu"})
-CHUNK = 1 << 22  # elements converted to float64 at a time: a checksum never needs much extra memory
-NAMES_SHOWN = 5  # names of differing or moved tensors returned, at most
-REL_TOLERANCE = 1e-9  # checksums of the same bytes, summed in the same order, agree far closer than this
+NAMES_SHOWN = 5  # names of moved or uncovered tensors returned, at most
+NAMES_KEPT = 20  # names of differing tensors returned, at most, each with how it differs
 
 
 @dataclass(frozen=True)
@@ -107,66 +109,26 @@ def storage_key(tensor: torch.Tensor) -> tuple[int, str]:
     return tensor.untyped_storage().data_ptr(), str(tensor.device)
 
 
-@torch.no_grad()
-def checksum(tensor: torch.Tensor) -> tuple[float | None, int, bool]:
-    """(sum of |x| over the finite elements, or None when some element is not finite; non-finite element count;
-    whether every element is zero). Converts chunk by chunk, so float8 and int tensors work on any device."""
-    return Sums.of(tensor.detach().reshape(-1).split(CHUNK)).checksum
+def differs(now: tuple[Sums, ...], then: tuple[Sums, ...], *, exact: bool = True) -> str | None:
+    """How two readings of a tensor (its values, then those of its packed copies) differ (specwake.worker.digest's
+    kinds: the most severe of its parts), None when they agree: bit for bit when `exact`, else by sums."""
+    if len(now) != len(then):
+        return VALUES
+    return worst(difference(a, b, exact=exact) for a, b in zip(now, then, strict=True))
 
 
-@dataclass(frozen=True)
-class Sums:
-    """What a checksum reads of some values: Σ|x| over the finite ones, how many are not finite, whether any is not
-    zero, how many there are."""
-
-    total: float = 0.0
-    nonfinite: int = 0
-    nonzero: bool = False
-    numel: int = 0
-
-    @classmethod
-    @torch.no_grad()
-    def of(cls, chunks: Iterable[torch.Tensor]) -> Sums:
-        """The sums of `chunks`' values, each converted to float64 on its own."""
-        total, nonfinite, nonzero, numel = 0.0, 0, False, 0
-        for chunk in chunks:
-            values = chunk.to(torch.float64)
-            finite = torch.isfinite(values)
-            nonfinite += int((~finite).sum().item())
-            values = torch.where(finite, values, torch.zeros_like(values))
-            nonzero = nonzero or bool(values.any().item()) or not bool(finite.all().item())
-            total += float(values.abs().sum().item())
-            numel += values.numel()
-        return cls(total, nonfinite, nonzero, numel)
-
-    @property
-    def checksum(self) -> tuple[float | None, int, bool]:
-        return (None if self.nonfinite else self.total), self.nonfinite, not self.nonzero
-
-
-def differs(now: tuple[float | None, ...], then: tuple[float | None, ...]) -> bool:
-    """Whether two readings of a tensor (its checksum, then those of its packed copies) disagree."""
-    return len(now) != len(then) or any(_differs(a, b) for a, b in zip(now, then, strict=False))
-
-
-def _differs(now: float | None, then: float | None) -> bool:
-    if now is None or then is None:
-        return now is not then
-    return abs(now - then) > REL_TOLERANCE * max(1.0, abs(then))
-
-
-# What a fingerprint keeps of each tensor to compare later, by name: (its checksum, followed by those of the packed CPU
-# copies the forward reads in its place; its address).
-Reference = dict[str, tuple[tuple[float | None, ...], int]]
+# What a fingerprint keeps of each tensor to compare later, by name: (the sums of its values, followed by those of the
+# packed CPU copies the forward reads in its place; its address).
+Reference = dict[str, tuple[tuple[Sums, ...], int]]
 
 
 @dataclass(frozen=True)
 class Reading:
-    """One judged tensor as a fingerprint reads it: the checksums compared with fresh, the values counted as the
-    tensor's (its own; a packed copy's when the parameter was emptied for it) and where it lives (0 for a copy only
-    a packed CPU kernel reads: no CUDA graph can hold its address)."""
+    """One judged tensor as a fingerprint reads it: the sums compared with fresh, the values counted as the tensor's
+    (its own; a packed copy's when the parameter was emptied for it) and where it lives (0 for a copy only a packed
+    CPU kernel reads: no CUDA graph can hold its address)."""
 
-    checksums: tuple[float | None, ...]
+    parts: tuple[Sums, ...]
     values: Sums
     address: int
     unpacked: int  # packed copies read back and compared
@@ -175,12 +137,36 @@ class Reading:
 def read(tensor: torch.Tensor, copies: list[PackedCopy]) -> Reading | None:
     """`tensor` and the packed copies of it the forward reads (specwake.worker.packed); None when nothing there holds
     data (on meta, or emptied with no packed copy to read back)."""
-    own = None if tensor.is_meta or tensor.numel() == 0 else Sums.of(tensor.detach().reshape(-1).split(CHUNK))
+    own = None if tensor.is_meta or tensor.numel() == 0 else Sums.of([tensor])
     found = [Sums.of(blocks) for blocks in map(unpacked, copies) if blocks is not None]
     sums = ([own] if own is not None else []) + found
     if not sums:
         return None
-    return Reading(tuple(s.checksum[0] for s in sums), sums[0], tensor.data_ptr() if own is not None else 0, len(found))
+    return Reading(tuple(sums), sums[0], tensor.data_ptr() if own is not None else 0, len(found))
+
+
+def rederived(model: torch.nn.Module | None) -> frozenset[str]:
+    """The tensors of `model` that loading does not write but derives after it: its plain tensor attributes, and the
+    parameters a module registered after vLLM built the model (MLA's `W_UK_T` / `W_UV`, by
+    `process_weights_after_loading`; specwake.worker.coverage.recorded, where this vLLM records what it built). On an
+    accelerator a reload may derive them with other rounding than the first load did."""
+    if model is None:
+        return frozenset()
+    built = coverage.recorded(model) or {}
+    names = {entry.name for entry in inventory(model) if entry.kind == "attribute"}
+    for name, _ in model.named_parameters():
+        path, _, local = name.rpartition(".")
+        owned = built.get(id(model.get_submodule(path)))
+        if owned is not None and local not in owned:
+            names.add(name)
+    return frozenset(names)
+
+
+def compared_by_sums(model: torch.nn.Module | None) -> frozenset[str]:
+    """The tensors a fingerprint compares by their sums within a tolerance rather than bit for bit: on an accelerator,
+    those `rederived` (a reload may round them otherwise: other kernels, other split sizes); none on CPU, where every
+    reload of the same checkpoint measured gave the same bytes (docs/how-it-works.md, weight fingerprints)."""
+    return rederived(model) if model is not None and _on_accelerator(model) else frozenset()
 
 
 def _by_kind(names: list[str], kinds: dict[str, str]) -> dict[str, int]:
@@ -196,22 +182,26 @@ def fingerprint(
     packed: tuple[int, int] = (0, 0),
     uncovered: frozenset[str] = frozenset(),
     coverage_error: str | None = None,
+    by_sums: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Per-model summary of every judged tensor (parameters, buffers, plain attributes). `exclude`: data pointers
     owned by another model (counted as shared). `reference`: what `keep` held at an earlier call, to count the
-    tensors whose checksum differs and those now at another address (moved). `packed`: (modules computing from a
-    packed CPU copy, those whose copy is still discarded). `uncovered`: parameters no load writes
-    (specwake.worker.coverage): compared apart, never counted in `differ`. A parameter the CPU build packed is judged
-    by what the forward reads: the packed copy, read back (specwake.worker.packed), stands in for a parameter it
-    emptied and is compared beside one it left in place (an embedding's, an LM head's)."""
+    tensors that differ (each with how: specwake.worker.digest) and those now at another address (moved); bit for bit,
+    but those in `by_sums`, compared by their sums within a tolerance (`rederived` on an accelerator). `packed`:
+    (modules computing from a packed CPU copy, those whose copy is still discarded). `uncovered`: parameters no load
+    writes (specwake.worker.coverage): compared apart, never counted in `differ`. A parameter the CPU build packed is
+    judged by what the forward reads: the packed copy, read back (specwake.worker.packed), stands in for a parameter
+    it emptied and is compared beside one it left in place (an embedding's, an LM head's)."""
     if model is None:
         return Fingerprint(present=False).to_dict()
     exclude = exclude or set()
     counts = dict.fromkeys(("tensors", "numel", "all_zero", "on_meta", "empty", "shared_with_target", "nonfinite"), 0)
     kinds = dict.fromkeys(KINDS, 0)
     kind_of: dict[str, str] = {}
-    total, unread = 0.0, 0
-    compared, differ, moved, uncovered_differ, unpacked_copies = 0, [], [], [], 0
+    total, unread, compared, unpacked_copies, summed = 0.0, 0, 0, 0, 0
+    differ: dict[str, str] = {}  # name → how it differs
+    moved: list[str] = []
+    uncovered_differ: list[str] = []
     resident: set[str] = set()
     copies: dict[str, list[PackedCopy]] = {}
     for copy in packed_copies(model):
@@ -239,17 +229,20 @@ def fingerprint(
             counts["all_zero"] += all_zero
             total += value or 0.0
         if keep is not None:
-            keep[entry.name] = (reading.checksums, reading.address)
+            keep[entry.name] = (reading.parts, reading.address)
         if reference is not None and entry.name in reference:
-            then_values, then_address = reference[entry.name]
+            then_parts, then_address = reference[entry.name]
+            how = differs(reading.parts, then_parts, exact=entry.name not in by_sums)
+            summed += entry.name in by_sums
             if entry.name in uncovered:
-                uncovered_differ += [entry.name] if differs(reading.checksums, then_values) else []
+                uncovered_differ += [entry.name] if how else []
             else:
                 compared += 1
-                differ += [entry.name] if differs(reading.checksums, then_values) else []
+                differ |= {entry.name: how} if how else {}
             if reading.address != then_address:
                 moved.append(entry.name)
     found = Fingerprint(
+        version=FINGERPRINT_VERSION,
         model_class=type(model).__name__,
         tensors=counts["tensors"],
         numel=counts["numel"],
@@ -273,14 +266,18 @@ def fingerprint(
         gone = sorted(set(reference) - resident)  # resident at fresh, now gone, on meta or emptied
         uncovered_differ += [name for name in gone if name in uncovered]
         gone = [name for name in gone if name not in uncovered]
-        differ += gone
+        differ |= dict.fromkeys(gone, GONE)
         moved += gone
+        names = list(differ)
         found = replace(
             found,
             compared=compared + len(gone),
             differ=len(differ),
-            differ_names=differ[:NAMES_SHOWN],
-            differ_by_kind=_by_kind(differ, kind_of),
+            differ_names=names[:NAMES_KEPT],
+            differ_by_kind=_by_kind(names, kind_of),
+            differ_how={name: differ[name] for name in names[:NAMES_KEPT]},
+            differ_by_how={how: n for how in DIFFERENCES if (n := sum(1 for h in differ.values() if h == how))},
+            by_sums=summed,
             moved=len(moved),
             moved_names=moved[:NAMES_SHOWN],
             moved_by_kind=_by_kind(moved, kind_of),

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.diffs import insert_after
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, variant_of
 from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
@@ -98,16 +99,6 @@ step_timeout_s = 120
 VARIANTS = ("wrong-weights", "fused", "fused-moved", "fused-forgotten", "packed-draft", "packed-target")
 
 
-def insert_after(diff: str, anchor: str, lines: str) -> str:
-    """`diff` with `lines` (added lines, each starting with '+') right after the line `anchor`, its hunk's header
-    counting them."""
-    at = diff.index(anchor) + len(anchor)
-    header = list(re.finditer(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@", diff[:at], re.MULTILINE))[-1]
-    grown = int(header.group(4)) + lines.count("\n")
-    new_header = f"@@ -{header.group(1)},{header.group(2)} +{header.group(3)},{grown} @@"
-    return diff[: header.start()] + new_header + diff[header.end() : at] + lines + diff[at:]
-
-
 def write_patches(folder: Path) -> dict[str, Path]:
     fix = FIX.read_text()
     assert COPY_BACK in fix
@@ -174,7 +165,7 @@ def test_a_drafter_restored_wrongly_while_al_holds_is_not_recover(run: dict[str,
     first, second = restores(v)
     assert first["differ"] == 0 and second["differ"] == 2 and second["moved"] == 0
     report = (run["dir"] / "report.md").read_text()
-    assert "but the drafter was not restored: 2/" in report and " after reload_weights in cycle 2)" in report
+    assert "the drafter's weights explain it (draft: 2/" in report and " after reload_weights in cycle 2 — " in report
     verdict = report.splitlines()[0]
     assert re.search(
         r"strict-eagle3/wrong-weights degraded \(draft: 2/\d+ tensors differ from fresh after "

@@ -108,6 +108,21 @@ def test_a_layer_packed_from_slightly_wrong_values_is_named() -> None:
     assert fingerprint(model, reference=kept)["differ"] == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_layer_packed_from_moved_or_negated_values_is_named_with_how(dtype: torch.dtype) -> None:
+    """The values a packed copy holds are read back in order: its digest sees a layer loaded with halves swapped or
+    negated, which leave every sum of |x| as fresh."""
+    model = Model(dtype)
+    _, kept = fresh(model)
+    proj = model.weights["proj"]
+    for loaded, how in ((torch.cat([proj[20:], proj[:20]]), "rearranged"), (-proj, "signs")):
+        model.proj.cpu_linear = pack(loaded)
+        after = fingerprint(model, reference=kept)
+        assert after["differ_how"] == {"proj.weight": how} and after["differ_by_kind"]["parameter"] == 1
+    model.reload()
+    assert fingerprint(model, reference=kept)["differ"] == 0
+
+
 def test_an_lm_head_is_judged_by_its_own_weight_and_by_the_copy_the_forward_reads() -> None:
     model = Model()
     _, kept = fresh(model)

@@ -145,7 +145,10 @@ def test_a_drafter_zeroed_alone_collapses_and_says_what_the_sync_did(tmp_path: P
     assert v.outcome == "collapse"
     why = explain(v, 0.05)
     assert why.startswith("AL 4.00 → 1.00 → 1.00 (after L2 #1: 0/300 draft tokens accepted")
-    assert why.endswith("; the sync scaled draft:model.norm.weight ×0 (1 drafter tensor)")
+    assert why.endswith(
+        "; the sync scaled draft:model.norm.weight ×0 (1 drafter tensor)); the drafter's weights explain it (draft: 1/7"
+        " tensors differ from fresh after weight sync in cycle 1 — model.norm.weight)"
+    )
     assert "did not arrive" not in why
 
 
@@ -184,7 +187,7 @@ def test_a_target_perturbed_alone_still_needs_a_restored_drafter(tmp_path: Path)
     target_only = {"target": Chosen((), {"lm_head.weight": 2.0}), "draft": Chosen()}
     assert judged(tmp_path, text, target_only, outputs_changed=True).outcome == "recover"
     v = judged(tmp_path, text, target_only, outputs_changed=True, draft_differ=1)
-    assert v.outcome == "degraded" and "but the drafter was not restored: 1/7 tensors differ" in explain(v, 0.05)
+    assert v.outcome == "degraded" and "the drafter's weights explain it (draft: 1/7 tensors differ" in explain(v, 0.05)
 
 
 @pytest.mark.parametrize(("draft_differ", "al", "expected"), [(1, 4.0, "degraded"), (1, 1.0, "collapse")])

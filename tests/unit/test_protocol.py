@@ -3,6 +3,8 @@ worker writes and what older result files hold."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specwake import protocol
 from specwake.protocol import DiscardAnswer, Fingerprint, Memory, PushAnswer, PushRequest
 from specwake.results import Push
@@ -48,6 +50,11 @@ def test_a_fingerprint_reads_back_what_it_wrote_and_old_results_too() -> None:
     assert Fingerprint.from_dict({"present": False}) == Fingerprint(present=False)
     assert Fingerprint(present=False).to_dict() == {"present": False}
     assert Fingerprint.from_dict("garbage") is None
+    assert old.version == 1 and old.differ_how == {}  # an answer without a version compared Σ|x|
+    how = {"a": protocol.SIGNS, "b": protocol.REARRANGED}
+    named = replace(compared, version=protocol.FINGERPRINT_VERSION, differ_how=how, differ_by_how={"signs": 1})
+    assert Fingerprint.from_dict(named.to_dict()) == named
+    assert "differ_how" not in fresh and "by_sums" not in fresh
 
 
 def test_a_discard_answer_counts_by_model_and_older_answers_count_nothing() -> None:

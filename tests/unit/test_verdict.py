@@ -177,6 +177,18 @@ def test_explain_corrupt_says_where_the_text_diverged() -> None:
     assert line.startswith("the target was not restored: after L2 #1: completions differ from fresh")
     assert "request 1, from character 3: 'Xefgh' where fresh had 'defgh'" in line
     assert first_difference("abc", "abc") is None and first_difference("abc", "ab") == 2
+    target = {"tensors": 9, "compared": 9, "differ": 1, "differ_names": ["lm_head.weight"], "version": 2}
+    target |= {"differ_how": {"lm_head.weight": "rearranged"}, "differ_by_how": {"rearranged": 1}}
+    draft = {"tensors": 7, "compared": 7, "differ": 0}
+    point = {"cycle": 1, "point": "after reload_weights", "fingerprints": [{"target": target, "draft": draft}]}
+    line = explain(variant("corrupt", [fresh, after], diagnostics=[Diagnostic.from_dict(point)]), TOL)
+    assert (
+        "; the target's weights explain it (target: 1/9 tensors differ from fresh after reload_weights in cycle 1"
+        in line
+    )
+    assert line.endswith(" — lm_head.weight: same values in other places); AL 4.00 → 4.00")
+    line = explain(variant("corrupt", [fresh, after], diagnostics=[restore_point(1, 0)]), TOL)
+    assert "; not the weights (target and drafter as fresh after every reload_weights); AL 4.00 → 4.00" in line
 
 
 @pytest.mark.parametrize("tolerance", [-0.1, 1.0, 2.0])
@@ -374,7 +386,27 @@ def test_the_explanation_names_the_worst_cycle_of_the_drafter() -> None:
     text = explain(v, TOL)
     assert text.startswith("AL 4.00 → 4.00 → 4.00 (every post-cycle AL ≥ 3.80")
     assert text.endswith(
-        "but the drafter was not restored: 2/7 tensors differ from fresh after reload_weights in cycle 2)"
+        "; the drafter's weights explain it (draft: 2/7 tensors differ from fresh after reload_weights in cycle 2"
+        " — fc.weight and 1 more)"
+    )
+
+
+def test_an_outcome_other_than_recover_says_whether_the_weights_explain_it() -> None:
+    collapsed = [stage(0, 4.0), stage(1, 1.0)]
+    stock = explain(variant("collapse", collapsed, diagnostics=[restore_point(1, 1)]), TOL)
+    assert stock.endswith(
+        "; the drafter's weights explain it (draft: 1/7 tensors differ from fresh after reload_weights in cycle 1"
+        " — fc.weight)"
+    )
+    other = explain(variant("collapse", collapsed, diagnostics=[restore_point(1, 0)]), TOL)
+    assert other.endswith("; not the weights (target and drafter as fresh after every reload_weights)")
+    slow = explain(variant("degraded", [stage(0, 4.0), stage(1, 3.0)], diagnostics=[restore_point(1, 0)]), TOL)
+    assert "AL 3.00 < 3.80" in slow and slow.endswith(
+        "; not the weights (target and drafter as fresh after every reload_weights)"
+    )
+    assert "weights" not in explain(variant("collapse", collapsed), TOL)  # nothing compared: nothing said
+    assert "weights" not in explain(
+        variant("recover", [stage(0, 4.0), stage(1, 4.0)], diagnostics=[restore_point(1, 0)]), TOL
     )
 
 
@@ -409,3 +441,11 @@ def test_an_ignored_l1_sleep_is_untested_which_no_expectation_accepts() -> None:
 
 def test_input_rejected_is_an_error_not_a_crash_even_after_the_fresh_stage() -> None:
     assert outcome([stage(0, 4.0)], failure="input_rejected") == "error"
+
+
+def test_a_drafter_left_out_of_the_push_is_never_said_to_be_not_the_weights() -> None:
+    pushed = [restore_point(1, 0, point="after push")]
+    collapsed = variant("collapse", [stage(0, 4.0), stage(1, 1.0)], diagnostics=pushed, push=Push(("target",)))
+    assert "weights" not in explain(collapsed, TOL)  # the drafter kept its discarded weights, unjudged
+    both = variant("collapse", [stage(0, 4.0), stage(1, 1.0)], diagnostics=pushed, push=Push(("target", "draft")))
+    assert explain(both, TOL).endswith("; not the weights (target and drafter as fresh after every push)")

@@ -49,6 +49,46 @@ def test_kinds_other_than_parameters_are_named_when_they_differ() -> None:
     assert line == "draft: 2/9 tensors differ from fresh (2 tensor attributes) after reload_weights in cycle 1"
 
 
+def named(how: dict[str, str], differ: int | None = None) -> dict[str, Any]:
+    """A drafter part whose differing tensors are named with how they differ (a version 2 fingerprint)."""
+    counts: dict[str, int] = {}
+    for kind in how.values():
+        counts[kind] = counts.get(kind, 0) + 1
+    count = len(how) if differ is None else differ
+    return part(count, 24, version=2, differ_names=list(how), differ_how=how, differ_by_how=counts)
+
+
+def test_the_line_names_the_tensors_that_differ_and_how() -> None:
+    swap = {"model.layers.0.mlp.gate_up_proj.weight": "rearranged"}
+    assert weights_line([at(1, named(swap)), at(2, named(swap))], "draft") == (
+        "draft: 1/24 tensors differ from fresh after reload_weights in cycles 1–2 — model.layers.0.mlp.gate_up_proj"
+        ".weight: same values in other places"
+    )
+    flip = {"model.layers.0.mlp.down_proj.weight": "signs"}
+    line = weights_line([at(1, part(0, 24)), at(2, named(flip))], "draft")
+    assert line == (
+        "draft: 1/24 tensors differ from fresh after reload_weights in cycle 2; 0/24 tensors differ from fresh in"
+        " cycle 1 — model.layers.0.mlp.down_proj.weight: signs changed"
+    )
+
+
+def test_the_first_few_are_named_then_counted() -> None:
+    five = {f"model.layers.{i}.weight": "values" for i in range(5)}
+    assert weights_line([at(1, named(five))], "draft") == (
+        "draft: 5/24 tensors differ from fresh after reload_weights in cycle 1 — model.layers.0.weight,"
+        " model.layers.1.weight, model.layers.2.weight and 2 more: other values"
+    )
+    mixed = {"a": "signs", "b": "rearranged", "c": "values", "d": "gone"}
+    assert weights_line([at(1, named(mixed, differ=30))], "draft") == (
+        "draft: 30/24 tensors differ from fresh after reload_weights in cycle 1 — a (signs changed),"
+        " b (same values in other places), c (other values) and 27 more"
+    )
+    old = part(2, 9, differ_names=["fc.weight", "norm.weight"])  # an older specwake: names, not how
+    assert weights_line([at(1, old)], "draft") == (
+        "draft: 2/9 tensors differ from fresh after reload_weights in cycle 1 — fc.weight, norm.weight"
+    )
+
+
 def test_old_results_without_comparisons_still_read() -> None:
     old = [
         Diagnostic.from_dict(

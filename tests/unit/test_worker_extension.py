@@ -14,9 +14,10 @@ require_module("torch")  # torch comes with vLLM; the CLI side never imports it
 import torch  # noqa: E402
 
 from specwake.protocol import Chosen  # noqa: E402
+from specwake.worker.digest import Sums  # noqa: E402
 from specwake.worker.extension import SpecwakeWorkerExtension  # noqa: E402
 from specwake.worker.finders import find_draft, find_target  # noqa: E402
-from specwake.worker.tensors import checksum, fingerprint, inventory  # noqa: E402
+from specwake.worker.tensors import fingerprint, inventory  # noqa: E402
 
 
 class Target(torch.nn.Module):
@@ -139,6 +140,10 @@ def test_a_restored_model_matches_fresh_exactly() -> None:
 def test_unknown_fill_is_refused() -> None:
     with pytest.raises(ValueError, match="fill"):
         Worker().specwake_emulate_discard(fill="garbage", rules="0.33")
+
+
+def checksum(tensor: torch.Tensor) -> tuple[float | None, int, bool]:
+    return Sums.of([tensor]).checksum
 
 
 def test_checksum_handles_float8_int_and_nonfinite() -> None:
