@@ -27,7 +27,7 @@ import pytest
 from tests.helpers.diffs import insert_after
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, variant_of
-from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
+from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note, restores
 
 require_module("vllm")
 
@@ -108,12 +108,6 @@ pytestmark = pytest.mark.shared_run(SCENARIOS)
 @pytest.fixture(scope="module")
 def run(shared_run: SharedRun) -> dict[str, Any]:
     return shared_run.view(SCENARIOS)
-
-
-def restores(variant: dict[str, Any], role: str = "draft") -> list[dict[str, Any]]:
-    """The model's fingerprint (rank 0) after each reload, in cycle order."""
-    found = [d for d in variant["diagnostics"] if d["point"] == "after reload_weights"]
-    return [d["fingerprints"][0][role] for d in sorted(found, key=lambda d: d["cycle"])]
 
 
 def bullet(report: str, name: str) -> str:

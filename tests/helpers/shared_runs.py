@@ -109,3 +109,9 @@ def outcome_note(run: dict[str, Any]) -> str:
     """The shared process's exit code and output tails, for an assertion's message."""
     proc = run["proc"]
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+
+
+def restores(variant: dict[str, Any], role: str = "draft") -> list[dict[str, Any]]:
+    """The model's fingerprint (rank 0) after each reload, in cycle order."""
+    found = [d for d in variant["diagnostics"] if d["point"] == "after reload_weights"]
+    return [d["fingerprints"][0][role] for d in sorted(found, key=lambda d: d["cycle"])]
