@@ -11,7 +11,7 @@ Pure: no vLLM import, no file or network access (tests/helpers/releases.py downl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -34,16 +34,13 @@ def series(version: str) -> tuple[int, int]:
     return parsed.major, parsed.minor
 
 
-TESTED_SERIES = frozenset(series(v) for v in TESTED_RELEASES)
-
-
-def is_tested(version: str | None) -> bool:
-    """Whether a vLLM version belongs to a tested release series (0.33.1 and a 0.33 dev build do; 0.35.0 does not).
-    An unknown or unreadable version is untested."""
+def is_tested(version: str | None, releases: Sequence[str] = TESTED_RELEASES) -> bool:
+    """Whether a vLLM version belongs to the series of one of `releases`, by default the tested ones (0.33.1 and a
+    0.33 dev build do; 0.35.0 does not). An unknown or unreadable version is untested."""
     if not version:
         return False
     try:
-        return series(version) in TESTED_SERIES
+        return series(version) in {series(r) for r in releases}
     except ValueError:
         return False
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from specwake.judge.verdict import NOT_TESTED, recorded_speed_rule, speed_after_cycles
-from specwake.prepare.releases import TESTED_RELEASES, series
+from specwake.prepare.releases import TESTED_RELEASES, is_tested
 from specwake.report.explain import NOT_RUN
 from specwake.report.markdown import MISSING, cell, inline
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
@@ -95,7 +95,7 @@ def untested_release_line(results: Sequence[ScenarioResult]) -> list[str]:
         releases = tuple(result.tested_releases) or TESTED_RELEASES
         for variant in result.variants:
             version = variant.vllm_version
-            if version and not _tested(version, releases):
+            if version and not is_tested(version, releases):
                 untested.setdefault(version, []).append(f"{result.name}/{variant.name}")
                 spans.append(", ".join(releases))
     if not untested:
@@ -103,14 +103,6 @@ def untested_release_line(results: Sequence[ScenarioResult]) -> list[str]:
     which = "; ".join(f"{version} ({_some(names)})" for version, names in untested.items())
     tested = " or ".join(dict.fromkeys(spans))
     return [inline(f"> ⚠️ **untested vLLM release**: {which}; specwake is tested against vLLM {tested}")]
-
-
-def _tested(version: str, releases: Sequence[str]) -> bool:
-    """Whether `version` is of the series of one of `releases` (0.33.1 and a 0.33 dev build are of 0.33.0's)."""
-    try:
-        return series(version) in {series(r) for r in releases}
-    except ValueError:
-        return False
 
 
 def _some(names: Sequence[str], shown: int = 4) -> str:
