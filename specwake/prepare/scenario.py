@@ -77,13 +77,20 @@ class Variant:
         return ", ".join(f"{value} on {spec}" for spec, value in self.expects.choices)
 
     def for_release(self, version: str) -> Variant:
-        """This variant as vLLM `version` runs it. ValueError naming the key when a table has no value for it."""
-        for key, by_release in (("patch", self.patches), ("expect", self.expects)):
+        """This variant as vLLM `version` runs it. NoReleaseValue naming the key when a table has no value for it."""
+        for key, by_release in ((f"variants.{self.name}.patch", self.patches), (f"expect.{self.name}", self.expects)):
             if by_release is not None and by_release.varies and by_release.for_release(version) is None:
                 specs = ", ".join(repr(spec) for spec, _ in by_release.choices)
-                where = f"variants.{self.name}.patch" if key == "patch" else f"expect.{self.name}"
-                raise ValueError(f"{where}: no value for vLLM {version} (the table has {specs})")
+                raise NoReleaseValue(key, f"no value for vLLM {version} (the table has {specs})")
         return dataclasses.replace(self, release=version)
+
+
+class NoReleaseValue(ValueError):
+    """A value given per release has none for the vLLM a variant runs: `key` is the scenario key, `reason` says why."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
+        self.key, self.reason = key, reason
 
 
 @dataclass(frozen=True)

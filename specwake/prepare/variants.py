@@ -27,7 +27,7 @@ from specwake.prepare.plan import (
     resolve_discard,
 )
 from specwake.prepare.releases import is_tested, tested_span
-from specwake.prepare.scenario import Scenario, Variant
+from specwake.prepare.scenario import NoReleaseValue, Scenario, Variant
 from specwake.prepare.validate import validate_variants
 from specwake.protocol import release_rules
 
@@ -183,9 +183,8 @@ def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo) -> Vari
     (exit 2) when the scenario's table has no value for it."""
     try:
         return variant.for_release(engine.vllm_version)
-    except ValueError as exc:
-        key, reason = str(exc).split(": ", 1)
-        raise ScenarioError(str(scenario.file), key, reason) from None
+    except NoReleaseValue as exc:
+        raise ScenarioError(str(scenario.file), exc.key, exc.reason) from None
 
 
 def prepare(
