@@ -277,6 +277,9 @@ class VariantResult:
     # Warnings of vLLM's that bear on the cycle, quoted from the server's log (specwake.judge.log_warnings); [] where
     # it printed none, and in results of specwake before this field
     vllm_warnings: list[str] = field(default_factory=list)
+    # The model runner its workers ran, "v1" or "v2" (specwake.prepare.runners); None where no worker answered, and in
+    # results of specwake before this field
+    model_runner: str | None = None
 
     @property
     def not_run(self) -> bool:

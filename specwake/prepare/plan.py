@@ -99,6 +99,16 @@ START_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
 # launcher (specwake/worker/serve.py) and its validation run the same inspection in their own process when this is
 # "1", as it is for a CPU server. A scenario or variant that sets it to "0" keeps vLLM's subprocess.
 INSPECT_IN_PROCESS = "SPECWAKE_INSPECT_IN_PROCESS"
+# vLLM's choice of model runner (vllm/envs.py; vllm/config/vllm.py, `use_v2_model_runner`): "1" Model Runner V2, "0" the
+# V1 runner, unset vLLM's own choice (V2 where Triton is usable and the configuration is one V2 supports). A variant's
+# model_runner sets it; without one it is left unset, as on a GPU.
+V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
+# Model Runner V2 on a CPU (specwake/worker/triton_cpu.py): its Triton programs run in Triton's interpreter, and vLLM is
+# told Triton is usable, so that it chooses the runner as it would on a GPU. Set for every CPU server that may run V2
+# (model_runner "v2" or vLLM's choice), not for one told to run V1, whose CPU code then runs as it always has.
+TRITON_ON_CPU = "SPECWAKE_TRITON_ON_CPU"
+TRITON_INTERPRET = "TRITON_INTERPRET"
+RUNNER_SWITCH = {"v1": "0", "v2": "1"}
 SECRET_PATTERN = re.compile(r"TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 REDACTED = "***"
 
@@ -330,7 +340,8 @@ def build_server_env(
     three. The core binding is set only for the multiprocessing executor, the only one that reads it; a
     single-process server is held to its cores by its affinity (ServerSpec.cpus). An eager CPU server compiles
     nothing (DYNAMO_DISABLE). A CPU server's engine processes are forked from its API server (START_METHOD), and its
-    model classes inspected in its own process (INSPECT_IN_PROCESS)."""
+    model classes inspected in its own process (INSPECT_IN_PROCESS). The variant's model runner is asked for
+    (runner_env)."""
     env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
     added: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": ":".join(pythonpath)}
     if is_gpu:
@@ -349,6 +360,7 @@ def build_server_env(
         if START_METHOD not in env:
             added[START_METHOD] = "fork"
         added[INSPECT_IN_PROCESS] = "1"
+    added.update(runner_env(variant.model_runner, is_gpu=is_gpu))
     added.update(scenario.server.env)
     added.update(variant.env)
     if not is_gpu:
@@ -358,6 +370,14 @@ def build_server_env(
             added["VLLM_CPU_OMP_THREADS_BIND"] = binding
     env.update(added)
     return env, added
+
+
+def runner_env(model_runner: str | None, *, is_gpu: bool) -> dict[str, str]:
+    """What tells vLLM which model runner to run (V2_SWITCH), and on a CPU what lets it run V2 (TRITON_ON_CPU)."""
+    env = {V2_SWITCH: RUNNER_SWITCH[model_runner]} if model_runner else {}
+    if not is_gpu and model_runner != "v1":
+        env |= {TRITON_ON_CPU: "1", TRITON_INTERPRET: "1"}
+    return env
 
 
 def eager(scenario: Scenario, variant: Variant) -> bool:

@@ -57,6 +57,7 @@ class Variant:
     push_scale: tuple[tuple[str, float], ...] = ()  # a perturbed push or sync (see VariantSection)
     push_skip: tuple[str, ...] = ()  # a partial push or sync
     discard_rules: str | None = None  # whose L2 sleep an emulated discard follows; None: the installed vLLM's
+    model_runner: str | None = None  # "v1" | "v2": the runner its server is told to run; None: vLLM's own choice
     release: str | None = None  # the vLLM version `patch` and `expected` answer for; None before preparation
     patch_from_flag: bool = False  # the patch is --patch's, not the file's
 
@@ -139,6 +140,7 @@ class Scenario:
                 "push_scale": dict(v.push_scale),
                 "push_skip": list(v.push_skip),
                 "discard_rules": v.discard_rules,
+                "model_runner": v.model_runner,
             }
             for v in self.variants
         }
@@ -352,6 +354,7 @@ def _resolve_variant(
                 tuple(sorted(section.push_scale.items())),
                 tuple(section.push_skip),
                 discard_rules=section.discard_rules or doc.cycle.discard_rules,
+                model_runner=section.model_runner or doc.server.model_runner,
                 patch_from_flag=name == "patched" and overrides.patch is not None,
             )  # fmt: skip
         )

@@ -43,6 +43,11 @@ EXPECT_NUMBERS = {
 POSITIVE = {"min_speedup_recovery", "max_wake_s"}
 
 
+# vLLM's model runners: "v2", Model Runner V2 (vllm/v1/worker/gpu/), what every GPU server of
+# 0.32+ runs where the configuration allows it and 0.34's only one; "v1", the runner before it.
+ModelRunner = Literal["v1", "v2"]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -73,6 +78,9 @@ class ServerSection(_Strict):
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(default=900, gt=0)
+    # The model runner each variant's server runs (a variant may set its own); omitted: the one vLLM picks for the
+    # release and configuration, as on a GPU (on a CPU too: specwake.worker.triton_cpu).
+    model_runner: ModelRunner | None = None
 
     _args_list = field_validator("args", mode="before")(args_is_list)
     _args_free = field_validator("args")(no_reserved_flags)
@@ -283,6 +291,8 @@ class VariantSection(_Strict):
     push_skip: list[str] = Field(default_factory=list)
     # This variant's [cycle] discard_rules: "0.33" or "0.34" (default: the cycle's)
     discard_rules: DiscardRules | None = None
+    # This variant's server.model_runner: "v1" or "v2" (default: the server's)
+    model_runner: ModelRunner | None = None
 
     _args_list = field_validator("args", mode="before")(args_is_list)
     _args_free = field_validator("args")(no_reserved_flags)

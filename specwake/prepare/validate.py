@@ -24,7 +24,7 @@ from specwake.files import write_cache
 from specwake.prepare.checkpoint import validate_entries
 from specwake.prepare.engine import EngineInfo, install_stamp
 from specwake.prepare.models import builder_env
-from specwake.prepare.plan import INSPECT_IN_PROCESS, model_flags, speculative_config
+from specwake.prepare.plan import INSPECT_IN_PROCESS, TRITON_ON_CPU, model_flags, speculative_config
 from specwake.prepare.prompts import probe_prompt
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.protocol import TRANSFER_FLAG
@@ -56,6 +56,7 @@ def request_for(
         "max_model_len": scenario.server.max_model_len,
         "syncs": scenario.cycle.reload_kind.syncs,
         "draft_session": scenario.cycle.reload_kind.syncs and "draft" in variant.push_to,
+        "model_runner": variant.model_runner,
     }
 
 
@@ -89,6 +90,7 @@ def ask_engine(engine: EngineInfo, requests: list[dict[str, Any]], cache: Path |
     env = builder_env({k: v for k, v in os.environ.items() if k != "PYTHONPATH"}) | {"HF_HUB_OFFLINE": "1"}
     if not engine.is_gpu:  # vLLM's model inspection in the validating process, as in a CPU server (plan.py)
         env.setdefault(INSPECT_IN_PROCESS, "1")
+        env.setdefault(TRITON_ON_CPU, "1")  # and vLLM's choice of model runner, as such a server's
     try:
         proc = subprocess.run(
             [engine.python, "-m", "specwake.worker.validate"],
@@ -140,10 +142,19 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
             where = f"variants.{variant.name}.args" if TRANSFER_FLAG in " ".join(variant.args) else "server.args"
             raise ScenarioError(file, where, f"vLLM {version}: {problem}")
         raise ScenarioError(file, "cycle.reload", f'"{scenario.cycle.reload}": vLLM {version}: {problem}')
+    if answer.get("runner_problem"):
+        key = f"variants.{variant.name}.model_runner" if _own_runner(scenario, variant) else "server.model_runner"
+        asked = f'"{variant.model_runner}"' if variant.model_runner else "vLLM's choice"
+        raise ScenarioError(file, key, f"{asked}: vLLM {version} refuses it: {answer['runner_problem']}")
     if answer.get("semantic_problem"):
         problem = str(answer["semantic_problem"])
         reason = f"vLLM {version}'s SpeculativeConfig refuses it: {problem}"
         raise ScenarioError(file, _semantic_key(scenario, problem), reason)
+
+
+def _own_runner(scenario: Scenario, variant: Variant) -> bool:
+    """Whether the variant's model runner is its own (the file sets it in its variant table), not the server's."""
+    return variant.model_runner is not None and variant.model_runner != scenario.server.model_runner
 
 
 def _semantic_key(scenario: Scenario, problem: str) -> str:
@@ -163,12 +174,13 @@ def _semantic_key(scenario: Scenario, problem: str) -> str:
 Check = tuple[Scenario, Variant, EngineInfo, str, str | None]
 
 
-def validate_variants(checks: Sequence[Check], cache: Path | None, events: Events) -> None:
+def validate_variants(checks: Sequence[Check], cache: Path | None, events: Events) -> dict[tuple[str, str], str]:
     """Check every variant of a run before anything starts: its push_scale and push_skip names against the
     checkpoints (specwake.prepare.checkpoint), then its scenario by its own vLLM, one process per interpreter for the
     whole run (every file of `check a.toml b.toml …` in one import of vLLM). Raises the first problem of each
     scenario file, in the order given: a ScenarioError, or ScenarioErrors for several files. A vLLM that cannot
-    answer is reported and skipped."""
+    answer is reported and skipped. Returns the model runner vLLM chose for each variant it could check, by (scenario
+    file, variant name): "v1" or "v2"."""
     problems: dict[str, ScenarioError] = {}
     for file in dict.fromkeys(str(s.file) for s, *_ in checks):
         try:
@@ -206,3 +218,8 @@ def validate_variants(checks: Sequence[Check], cache: Path | None, events: Event
         raise next(iter(problems.values()))
     if problems:
         raise ScenarioErrors(list(problems.values()))
+    return {
+        (str(checks[i][0].file), checks[i][1].name): str(answers[i]["runner"])
+        for i in asked
+        if i in answers and answers[i].get("runner")
+    }

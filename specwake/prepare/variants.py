@@ -19,6 +19,7 @@ from specwake.prepare.hub import local_config
 from specwake.prepare.models import is_builtin, resolve_model_ref
 from specwake.prepare.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
 from specwake.prepare.plan import (
+    TRITON_ON_CPU,
     VariantPlan,
     build_server_command,
     build_server_env,
@@ -26,7 +27,7 @@ from specwake.prepare.plan import (
     node_launch,
     resolve_discard,
 )
-from specwake.prepare.releases import is_tested, tested_span
+from specwake.prepare.releases import is_tested, series, tested_span
 from specwake.prepare.scenario import NoReleaseValue, Scenario, Variant
 from specwake.prepare.validate import validate_variants
 from specwake.protocol import release_rules
@@ -65,9 +66,10 @@ GPU_ONLY_MODEL_TYPES = dict.fromkeys(
 
 def gpu_only_family(scenario: Scenario, model: str) -> str | None:
     """Why the scenario's drafter family cannot run without a GPU, or None. The model's family is read from its
-    config.json where one is at hand (a local folder or the local Hugging Face cache)."""
+    config.json where one is at hand (a local folder or the local Hugging Face cache). A method of Model Runner V2
+    runs on a CPU whose server interprets Triton's programs (its env sets TRITON_ON_CPU; worker/triton_cpu.py)."""
     method = scenario.speculative.get("method")
-    if method in GPU_ONLY_METHODS:
+    if method in GPU_ONLY_METHODS and scenario.server.env.get(TRITON_ON_CPU) != "1":
         return GPU_ONLY_METHODS[str(method)]
     config = local_config(model)
     model_type = config.get("model_type") if config else None
@@ -178,13 +180,33 @@ def untested_releases(prepared: Sequence[Sequence[PreparedVariant]]) -> list[str
     ]
 
 
+# The first release without the V1 model runner: 0.34's GPU worker builds Model Runner V2 only
+# (vllm/v1/worker/gpu_worker.py 0.34:579-587; vllm/platforms/interface.py 0.34:1481-1490).
+NO_V1_RUNNER_SINCE = "0.34"
+
+
+def _release_at_least(version: str, since: str) -> bool:
+    """Whether `version` is of series `since` or later; False for a version that cannot be read."""
+    try:
+        return series(version) >= series(since)
+    except ValueError:
+        return False
+
+
 def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo) -> Variant:
     """The variant as its interpreter's vLLM runs it: the patch and expectation for that release. ScenarioError
-    (exit 2) when the scenario's table has no value for it."""
+    (exit 2) when the scenario's table has no value for it, or it asks for a model runner the release does not
+    have."""
     try:
-        return variant.for_release(engine.vllm_version)
+        resolved = variant.for_release(engine.vllm_version)
     except NoReleaseValue as exc:
         raise ScenarioError(str(scenario.file), exc.key, exc.reason) from None
+    if variant.model_runner == "v1" and _release_at_least(engine.vllm_version, NO_V1_RUNNER_SINCE):
+        own = variant.model_runner != scenario.server.model_runner
+        key = f"variants.{variant.name}.model_runner" if own else "server.model_runner"
+        reason = f'"v1": vLLM {engine.vllm_version} has no V1 model runner (none since {NO_V1_RUNNER_SINCE}); use "v2"'
+        raise ScenarioError(str(scenario.file), key, reason)
+    return resolved
 
 
 def prepare(
@@ -232,13 +254,13 @@ def prepare(
 
 def validate_run(
     scenarios: Sequence[Scenario], prepared: Sequence[Sequence[PreparedVariant]], cache: Path, events: Events
-) -> None:
+) -> dict[tuple[str, str], str]:
     """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.prepare.validate),
     after its push_scale and push_skip names against the checkpoints (specwake.prepare.checkpoint); the first
-    problem of every scenario file raised at once."""
+    problem of every scenario file raised at once. Returns the model runner vLLM chose per (file, variant name)."""
     pairs = zip(scenarios, prepared, strict=True)
     checks = [(s, p.variant, p.engine, p.model, p.draft_model) for s, variants in pairs for p in variants]
-    validate_variants(checks, cache, events)
+    return validate_variants(checks, cache, events)
 
 
 def emulated_rules(prep: PreparedVariant) -> str | None:

@@ -94,6 +94,11 @@ def _acceptance_rate(s: StageResult) -> float | None:
     return s.num_accepted_tokens / s.num_draft_tokens if s.num_draft_tokens else None
 
 
+def _runner_cell(variant: VariantResult) -> str:
+    """`V2` or `V1`: the model runner the variant's workers ran (the setup line above the table says how)."""
+    return variant.model_runner.upper() if variant.model_runner else MISSING
+
+
 def _vs(view: StageView, part: str) -> float | None:
     vs = view.row.vs_fresh
     return getattr(vs, part) if vs is not None else None
@@ -167,6 +172,10 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         ("requests", "stopped"), "requests", lambda v: _requests_cell(v.stage), width=13,
         csv=(("requests", lambda v: v.stage.measured), ("stopped", lambda v: v.stage.stopped)),
+    ),
+    Column(
+        ("",), "runner", lambda v: _runner_cell(v.variant), "---", width=6,
+        csv=(("model_runner", lambda v: v.variant.model_runner),),
     ),
 )  # fmt: skip
 

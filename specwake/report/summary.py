@@ -18,6 +18,7 @@ from specwake.judge.verdict import (
     speed_after_cycles,
 )
 from specwake.judge.weights import ROLES
+from specwake.prepare.runners import runner_label
 from specwake.protocol import KIND_BY_VIA, RELOAD_KIND, RELOAD_KINDS
 from specwake.report.columns import TABLE, StageView, table_cells
 from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
@@ -215,8 +216,23 @@ def _setup_line(result: ScenarioResult) -> list[str]:
         f"{cycle.get('count', MISSING)} × L{cycle.get('level', MISSING)} sleep/wake",
         f"{work.get('repeats', MISSING)} request{'' if work.get('repeats') == 1 else 's'}{_early(work, server)}"
         f" × {work.get('max_tokens', MISSING)} tokens per stage",
+        *_runners(result.variants),
     ]
     return [inline(" · ".join(parts)), ""]
+
+
+def _runners(variants: Sequence[VariantResult]) -> list[str]:
+    """The model runner the variants ran (`Model Runner V2 (Triton kernels interpreted on CPU)`), each with the
+    variants that ran it where they differ; nothing where no worker said (results from before runners were
+    recorded)."""
+    by_label: dict[str, list[str]] = {}
+    for v in variants:
+        label = runner_label(v.model_runner, v.platform)
+        if label is not None:
+            by_label.setdefault(label, []).append(v.name)
+    if len(by_label) == 1:
+        return list(by_label)
+    return ["; ".join(f"{label}: {', '.join(names)}" for label, names in by_label.items())] if by_label else []
 
 
 def _dp(server: dict[str, Any]) -> str:

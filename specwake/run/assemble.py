@@ -138,6 +138,7 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
         push=pushed,
         engine_outcomes=by_engine,
         vllm_warnings=list(record.vllm_warnings),
+        model_runner=workers[0].get("model_runner") if workers and isinstance(workers[0], dict) else None,
     )
     if outcome == INCOMPLETE:
         return result

@@ -44,6 +44,17 @@ def vllm_config_of(runner: Any) -> contextlib.AbstractContextManager[Any]:
     return set_current_vllm_config(config)
 
 
+# Model Runner V2's package (vllm/v1/worker/gpu/): its GPUModelRunner is the base of every V2 runner, the CPU one
+# (vllm/v1/worker/cpu/model_runner.py) included; V1's runners live in vllm/v1/worker/gpu_model_runner.py and
+# cpu_model_runner.py, outside it.
+V2_PACKAGE = "vllm.v1.worker.gpu."
+
+
+def model_runner_of(runner: Any) -> str:
+    """The runner's kind: "v2" for a runner built on Model Runner V2's classes, else "v1"."""
+    return "v2" if any(c.__module__.startswith(V2_PACKAGE) for c in type(runner).__mro__) else "v1"
+
+
 def start_method() -> str | None:
     """How this worker's process was started: "spawn" (a fresh interpreter: multiprocessing's spawn runs it with
     `--multiprocessing-fork` on its command line), "fork" (a copy of its parent, vLLM imported already), None for a
@@ -119,6 +130,8 @@ class SpecwakeWorkerExtension:
             "target_class": type(target).__name__ if target is not None else None,
             "draft_class": type(draft).__name__ if draft is not None else None,
             "runner_class": type(self._specwake_runner()).__name__,
+            "model_runner": model_runner_of(self._specwake_runner()),
+            "triton_interpreted": os.environ.get("TRITON_INTERPRET") == "1",
             "tp_rank": tp_rank,
             "world_size": world_size,
             "executor": getattr(backend, "__name__", backend),

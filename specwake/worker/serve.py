@@ -29,6 +29,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from specwake.worker.triton_cpu import interpret_triton_on_cpu
+
 T = TypeVar("T")
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -86,6 +88,10 @@ def run_headless(argv: list[str]) -> None:
 
     ServeSubcommand.cmd(make_arg_parser(FlexibleArgumentParser()).parse_args(argv))
 
+
+# First thing, in this process and in every process that imports it as its parent's main module (a spawned engine
+# core): vLLM decides whether Triton is usable when it is first imported (specwake/worker/triton_cpu.py).
+interpret_triton_on_cpu()
 
 if __name__ == "__main__":
     keep_start_method()

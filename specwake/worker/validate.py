@@ -169,6 +169,46 @@ def semantic_problem(model: str, spec: dict[str, Any], serve_args: list[str]) ->
     return None, None
 
 
+V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"  # plan.V2_SWITCH
+RUNNER_SWITCH = {"v1": "0", "v2": "1"}  # plan.RUNNER_SWITCH
+# The start of vLLM's refusals of a model runner (vllm/config/vllm.py, `_validate_v2_model_runner` and
+# `_validate_v1_model_runner`; 0.34 has only V2, and says so in the worker).
+RUNNER_REFUSALS = ("Model Runner V2 ", "Model Runner V1 ")
+
+
+def runner_choice(
+    model: str, spec: dict[str, Any], serve_args: list[str], asked: str | None
+) -> tuple[str | None, str | None, str | None]:
+    """(the model runner vLLM runs for this configuration, "v1" or "v2"; vLLM's refusal of the runner asked for; why
+    the check was skipped). vLLM's whole engine config is built as the server builds it, with the server's
+    VLLM_USE_V2_MODEL_RUNNER (`asked`: "v1", "v2", or None for vLLM's own choice): its `use_v2_model_runner` is the
+    answer, and its validation of that runner raises the refusal. Needs the target (and the drafter) on this
+    machine."""
+    missing = [m for m in (model, spec.get("model")) if isinstance(m, str) and local_folder(m) is None]
+    if missing:
+        return None, None, f"model runner: {', '.join(missing)} not on this machine (no local folder or snapshot)"
+    import os
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    if asked in RUNNER_SWITCH:
+        os.environ[V2_SWITCH] = RUNNER_SWITCH[asked]
+    else:
+        os.environ.pop(V2_SWITCH, None)
+    try:
+        parsed = _parser().parse_args([model, *serve_args])
+        parsed.model = model
+        engine_args = EngineArgs.from_cli_args(parsed)
+        engine_args.speculative_config = dict(spec) if spec else None
+        config = engine_args.create_engine_config()
+    except Exception as exc:  # noqa: BLE001 - vLLM's refusal of the runner, or a config this check cannot build
+        text = _first(exc)
+        if text.startswith(RUNNER_REFUSALS):
+            return None, text, None
+        return None, None, f"model runner: vLLM's engine config does not build here ({text})"
+    return ("v2" if config.use_v2_model_runner else "v1"), None, None
+
+
 TRANSFER_SINCE = "vLLM 0.26"  # draft sessions (Worker.start_draft_weight_update); engine-owned sessions since 0.25
 
 
@@ -239,6 +279,13 @@ def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
             request["model"], spec, list(request.get("serve_args") or [])
         )
         found["skipped"] += [skipped] if skipped else []
+    found["runner"] = found["runner_problem"] = None
+    if not found["unknown_keys"] and not found["bad_values"] and not found["args_error"]:
+        if not found["variant_args_error"] and not found["semantic_problem"]:
+            found["runner"], found["runner_problem"], skipped = runner_choice(
+                request["model"], spec, list(request.get("serve_args") or []), request.get("model_runner")
+            )
+            found["skipped"] += [skipped] if skipped else []
     prompts = list(request.get("prompts") or [])
     found["too_long"], skipped = (
         too_long(request["model"], prompts, request.get("max_model_len")) if prompts else (None, None)
@@ -254,6 +301,9 @@ def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
 
 def main() -> int:
     requests = json.loads(sys.stdin.read())
+    from specwake.worker.triton_cpu import interpret_triton_on_cpu
+
+    interpret_triton_on_cpu()  # before vLLM is imported, as in a CPU server that may run Model Runner V2
     import vllm
 
     from specwake.worker.serve import inspect_models_in_process

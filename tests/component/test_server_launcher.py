@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from specwake.prepare.plan import INSPECT_IN_PROCESS, START_METHOD
+from specwake.prepare.plan import INSPECT_IN_PROCESS, START_METHOD, TRITON_INTERPRET, TRITON_ON_CPU
 from tests.helpers.paths import REPO
 
 SERVER = """
@@ -166,3 +166,19 @@ def test_through_the_launcher_model_classes_are_inspected_where_the_environment_
 def test_without_the_launcher_model_classes_are_inspected_in_a_subprocess(fake_vllm: Path) -> None:
     out = launch("vllm.entrypoints.openai.api_server", fake_vllm, inspect="1")
     assert "model inspected in: a subprocess" in out, out
+
+
+def test_the_launcher_gives_triton_a_cpu_entry_only_when_asked() -> None:
+    """The launcher module's import runs the Triton entry (a spawned engine core imports it as its main module)."""
+    program = (
+        "import specwake.worker.serve, triton.backends as b, os;"
+        "print('cpu' in b.backends, os.environ.get('TRITON_INTERPRET'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in (TRITON_ON_CPU, TRITON_INTERPRET)}
+    off = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True)
+    on = subprocess.run(
+        [sys.executable, "-c", program], env=env | {TRITON_ON_CPU: "1"}, capture_output=True, text=True,
+        check=True,
+    )  # fmt: skip
+    assert off.stdout.split() == ["False", "None"]
+    assert on.stdout.split() == ["True", "1"]

@@ -70,6 +70,13 @@ CASES = {
         "variants.preserve.args",
         "--sleep-preserve-parameter-namez",
     ),
+    "a model runner vLLM refuses for the configuration": (  # vLLM's own words: its config's runner validation
+        MINIMAL.replace("[server]", '[server]\nmodel_runner = "v2"').replace(
+            "num_speculative_tokens = 3", "num_speculative_tokens = 3\nparallel_drafting = true"
+        ),
+        "server.model_runner",
+        "refuses it: Model Runner V2 does not yet support: parallel drafting",
+    ),
     "weight-transfer backend that no engine of vLLM answers to": (  # vLLM itself checks it only after loading
         MINIMAL.replace("[server]", """[server]\nargs = ["--weight-transfer-config", '{"backend": "nope"}']"""),
         "server.args",
@@ -123,6 +130,17 @@ def test_a_good_scenario_and_every_shipped_one_pass_vllms_own_checks(tmp_path: P
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "could not check" not in proc.stderr, proc.stderr[-4000:]  # vLLM really answered
     assert f"{good.stem}  ({good})" in proc.stdout  # the good scenario was among them
+    # vLLM's own choice of runner, built from each variant's configuration: V2 for every shipped CPU scenario but the
+    # variants that ask for V1
+    runners = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("model runner: ")]
+    chosen = "model runner: Model Runner V2 (Triton kernels interpreted on CPU) — vLLM's choice for this release"
+    assert runners and all(
+        line.startswith(chosen)
+        or line.startswith('model runner: Model Runner V1 — model_runner = "v1"')
+        or "vLLM could not check it here" in line  # a GPU scenario's models are not on this machine
+        for line in runners
+    ), runners
+    assert any(line.startswith(chosen) for line in runners), runners
     # the Hub models of the GPU scenarios are not here: the checks that need them say they were skipped, and why
     assert "not checked: vLLM's SpeculativeConfig: " in proc.stderr and "not on this machine" in proc.stderr
 

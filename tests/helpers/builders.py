@@ -168,6 +168,7 @@ def tiny_cpu() -> ScenarioResult:
             measured_stage(1, 192, 0, [15.5, 15.25, 15.75], True),
             measured_stage(2, 192, 0, [15.0, 15.5, 15.25], True),
         ],
+        model_runner="v2",
     )
     patched = reported_variant(
         "patched",
@@ -181,6 +182,7 @@ def tiny_cpu() -> ScenarioResult:
         patch="patches/draft-reload.diff",
         patch_sha256=PATCH_SHA,
         overlay="/cache/specwake/overlays/3f2a9c1b",
+        model_runner="v2",
     )
     return scenario("tiny-cpu", "pass", [baseline, patched])
 
@@ -200,6 +202,7 @@ def graphed_gpu() -> ScenarioResult:
         log_excerpt="RuntimeError: CUDA error: an illegal memory access\n```inner fence```",
         info={"gpus": [0, 1], "crash_lines": ["RuntimeError: CUDA error: an illegal memory access"]},
         diagnostics=[],
+        model_runner="v1",
     )
     unready = reported_variant(
         "patched|v2",

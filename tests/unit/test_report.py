@@ -247,9 +247,9 @@ def test_markdown_missing_values_are_dashes_and_native_runs_have_no_note() -> No
     result = graphed_gpu()
     text = render_markdown([result])
     assert "L2 discard emulated on CPU" not in text
-    fresh = ["baseline", "fresh", "3.20", "50", "110/150", "88.0 (n=1)", "–", "–", "–", "–", "1"]
+    fresh = ["baseline", "fresh", "3.20", "50", "110/150", "88.0 (n=1)", "–", "–", "–", "–", "1", "V1"]
     assert _table_rows(text, "baseline")[0] == fresh
-    assert _table_rows(text, "patched\\|v2")[0] == ["patched\\|v2", "no stage measured", *["–"] * 9]
+    assert _table_rows(text, "patched\\|v2")[0] == ["patched\\|v2", "no stage measured", *["–"] * 10]
 
 
 def test_markdown_marks_stages_whose_counters_went_backwards() -> None:

@@ -1,0 +1,78 @@
+"""Model Runner V2 on a CPU: vLLM's V2 runner writes its batch bookkeeping (input preparation, sampling, the drafters'
+steps) as Triton programs, and a CPU build of vLLM counts Triton usable only where Triton has a backend named "cpu"
+(vllm/triton_utils/importing.py). The registry's triton has only its GPU backends, so vLLM refuses the runner: "Model
+Runner V2 requires Triton." (vllm/config/vllm.py, ``_validate_v2_model_runner``).
+
+Triton's own interpreter (``TRITON_INTERPRET=1``) runs every ``@triton.jit`` program on CPU tensors, one program
+instance after another, with numpy: no compiler and no driver are involved. `interpret_triton_on_cpu` gives vLLM the
+"cpu" backend entry it looks for, with a driver that says it is active, so that vLLM's own choice of runner is made as
+on a GPU; the programs themselves then run in the interpreter. It must run before vLLM is imported, in every process
+that imports it (vLLM reads the answer once, when ``vllm.triton_utils`` is imported): specwake's server launcher and
+its in-process validation call it first thing.
+
+What this is not: the compiled GPU kernels (Triton's or vLLM's CUDA ops), CUDA graphs, or the cumem allocator that a
+GPU's sleep mode uses. Those stay GPU-only.
+
+Switched on by ``SPECWAKE_TRITON_ON_CPU=1`` (specwake's plan sets it, with ``TRITON_INTERPRET=1``, for a CPU server on
+Model Runner V2). This module imports nothing of specwake's and nothing of vLLM's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+SWITCH = "SPECWAKE_TRITON_ON_CPU"  # plan.TRITON_ON_CPU
+INTERPRET = "TRITON_INTERPRET"  # Triton's own switch (triton/knobs.py, runtime.interpret)
+BACKEND = "cpu"  # the name vLLM's CPU build looks up in triton.backends.backends
+
+
+def _wall_clock_bench(
+    kernel_call: Callable[[], object], *, quantiles: list[float] | None = None, **_: Any
+) -> list[float]:
+    """Triton's autotuner asks the active driver for a benchmarker when a kernel has several configurations: one call,
+    timed by the wall clock, in milliseconds (every quantile the same)."""
+    start = time.perf_counter()
+    kernel_call()
+    elapsed_ms = (time.perf_counter() - start) * 1e3
+    return [elapsed_ms] * len(quantiles or [0.5])
+
+
+def interpret_triton_on_cpu() -> bool:
+    """Where the environment says ``SPECWAKE_TRITON_ON_CPU=1``: Triton programs interpreted, and a "cpu" backend entry
+    for vLLM to find. True when it did so; nothing happens otherwise (a GPU server, or V1 on CPU)."""
+    if os.environ.get(SWITCH) != "1":
+        return False
+    os.environ[INTERPRET] = "1"
+    from triton.backends import Backend, backends
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.backends.driver import DriverBase
+
+    class InterpreterDriver(DriverBase):
+        """The entry vLLM asks ``is_active()`` of; the interpreter itself never asks a driver for anything. Being the
+        only active backend, it is also what ``triton.runtime.driver.active`` builds when code asks which device it
+        runs on: vLLM's flash-linear-attention ops do, when imported (the gated-delta-net models: Qwen3-Next,
+        Qwen3.5), and are told "cpu", what they assume when no driver answers."""
+
+        @classmethod
+        def is_active(cls) -> bool:
+            return True
+
+        def get_current_target(self) -> GPUTarget:
+            return GPUTarget(BACKEND, 0, 1)
+
+        def get_active_torch_device(self) -> Any:
+            import torch
+
+            return torch.device(BACKEND)
+
+        def get_benchmarker(self) -> Callable[..., list[float]]:
+            return _wall_clock_bench
+
+        def map_python_to_cpp_type(self, ty: str) -> str:
+            raise NotImplementedError("the Triton interpreter compiles nothing")
+
+    backends.setdefault(BACKEND, Backend(compiler=BaseBackend, driver=InterpreterDriver))
+    return True
