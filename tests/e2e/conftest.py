@@ -60,8 +60,37 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             item.add_marker(pytest.mark.timeout(shared_runs.timeout_for(every)))
 
 
+BREAKDOWN = "shared_run_breakdown"  # where the shared run's time went: a worker's output, the controller's summary
+
+
 @pytest.fixture(scope="session")
 def shared_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> shared_runs.SharedRun:
     every = shared_runs.wanted(request.session.items)
     assert every, "no selected test is marked shared_run, yet one asked for the shared run"
-    return shared_runs.start(every, tmp_path_factory.mktemp("shared-scenarios"), tmp_path_factory.mktemp("shared"))
+    run = shared_runs.start(every, tmp_path_factory.mktemp("shared-scenarios"), tmp_path_factory.mktemp("shared"))
+    lines = shared_runs.breakdown(run.run)
+    config = request.config
+    if hasattr(config, "workeroutput"):  # an xdist worker: its controller prints them (pytest_testnodedown)
+        config.workeroutput[BREAKDOWN] = lines
+    else:
+        config.stash[_LINES] = lines
+    return run
+
+
+_LINES = pytest.StashKey[list[str]]()
+
+
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist's controller: keep the breakdown a worker made, for the summary."""
+    lines = getattr(node, "workeroutput", {}).get(BREAKDOWN)
+    config = getattr(node, "config", None)
+    if lines and config is not None:
+        config.stash[_LINES] = lines
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    lines = config.stash.get(_LINES, None)
+    if lines:
+        terminalreporter.section("where the shared run's time went")
+        for line in lines:
+            terminalreporter.write_line(line)

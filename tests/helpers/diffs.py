@@ -14,3 +14,13 @@ def insert_after(diff: str, anchor: str, lines: str) -> str:
     grown = int(header.group(4)) + lines.count("\n")
     new_header = f"@@ -{header.group(1)},{header.group(2)} +{header.group(3)},{grown} @@"
     return diff[: header.start()] + new_header + diff[header.end() : at] + lines + diff[at:]
+
+
+def without_file(diff: str, path: str) -> str:
+    """`diff` without its changes to `path` (the section from its `diff --git a/PATH` line to the next file's);
+    ValueError where the diff does not change that file."""
+    start = diff.find(f"diff --git a/{path} b/{path}\n")
+    if start < 0:
+        raise ValueError(f"the diff does not change {path}")
+    following = diff.find("\ndiff --git ", start + 1)
+    return diff[:start] + (diff[following + 1 :] if following >= 0 else "")

@@ -9,6 +9,7 @@ selected run: `pytest tests/e2e/test_vllm.py` runs tiny-cpu alone.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,33 @@ def start(every: Sequence[Scenarios], scenario_folder: Path, output: Path) -> Sh
     names = {key: [load_scenario(p).name for p in files] for key, files in paths.items()}
     run = run_scenario_cli([str(p) for files in paths.values() for p in files], output, timeout=budget(every))
     return SharedRun(run, names)
+
+
+EVENT = re.compile(r"^\[\s*(\d+(?:\.\d+)?)s\] (.*)$")
+PREPARED = "results in "  # the event that ends a run's preparation (probes, overlays, builtin models, validation)
+PHASES = ("startup", "measurement", "cycle_steps", "diagnostics", "teardown")  # a variant's info.timings
+
+
+def breakdown(run: dict[str, Any]) -> list[str]:
+    """Where the shared run's time went, in lines for the session's summary: its wall time; its preparation (engine
+    probe, overlays, builtin model builds, vLLM's validation: until the run names its folder); and the server-seconds
+    of every variant's phases (servers run side by side, so these add up to more than the wall time)."""
+    times = [(float(m[1]), m[2]) for line in run["proc"].stdout.splitlines() if (m := EVENT.match(line))]
+    if not times:
+        return ["shared run: no events (it printed nothing the summary can read)"]
+    prepared = next((t for t, text in times if text.startswith(PREPARED)), None)
+    variants = [v for result in (run["results"] or {"": run["result"]}).values() for v in result.get("variants", [])]
+    spent = dict.fromkeys(PHASES, 0.0)
+    for variant in variants:
+        for phase, seconds in (variant.get("info", {}).get("timings") or {}).items():
+            if phase in spent and isinstance(seconds, int | float):
+                spent[phase] += seconds
+    phases = ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in spent.items())
+    return [
+        f"shared run: {times[-1][0]:.0f} s wall, {len(variants)} servers"
+        + (f"; preparation (probe, overlays, builtin models, validation) {prepared:.0f} s" if prepared else ""),
+        f"shared run, server-seconds by phase (side by side, so more than the wall time): {phases}",
+    ]
 
 
 def outcome_note(run: dict[str, Any]) -> str:
