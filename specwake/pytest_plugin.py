@@ -138,7 +138,6 @@ class ScenarioFile(pytest.File):
 
     def collect(self) -> Iterator[VariantItem]:
         from specwake.prepare.scenario import load_scenario
-        from specwake.prepare.variants import GPU_ONLY_METHODS
 
         try:
             scenario = load_scenario(self.path, self._overrides())
@@ -147,7 +146,6 @@ class ScenarioFile(pytest.File):
         server = scenario.server
         gpu = scenario.cycle.discard == "native" or server.gpu_memory_utilization is not None
         method = scenario.speculative.get("method") if scenario.speculative else None
-        gpu = gpu or method in GPU_ONLY_METHODS
         for variant in scenario.variants:
             item = VariantItem.from_parent(self, name=variant.name)
             item.add_marker("gpu" if gpu else "cpu")

@@ -41,6 +41,9 @@ BUILTIN_MODELS: tuple[BuiltinModel, ...] = (
     BuiltinModel("mtp-deepseek-v3", "DeepSeek-V3 MTP", "target + drafter", 1_256_192),  # MLA; MTP inside
     BuiltinModel("mtp-gemma4", "Gemma4 MTP", "target", 756_226),  # hidden 256
     BuiltinModel("mtp-gemma4-assistant", "Gemma4 MTP", "drafter", 271_041),  # hidden 128, own checkpoint
+    BuiltinModel("mtp-qwen35", "Qwen3.5 MTP", "target + drafter", 940_748),  # gated-delta-net hybrid; MTP inside
+    BuiltinModel("dspark-qwen3", "DSpark", "target", 410_496),  # Qwen3: the bigram body + q/k norms
+    BuiltinModel("dspark-qwen3-draft", "DSpark", "drafter", 299_648),  # V2 runner only; the target's embedding
 )
 _BY_NAME = {model.name: model for model in BUILTIN_MODELS}
 

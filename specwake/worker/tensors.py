@@ -40,6 +40,11 @@ from specwake.worker.packed import PackedCopy, packed_copies, unpacked
 
 KV_CACHE_ATTRIBUTE = "kv_cache"
 HOST_SIDE_ATTRIBUTES = frozenset({"_k_scale_cpu", "_v_scale_cpu"})
+# Plain attributes only vLLM's CPU build keeps, rebuilt by every `process_weights_after_loading`: judged by their
+# values, never by their address (no CUDA graph exists to hold it). `_cpu_unpacked_conv_weight`: the gated delta net's
+# conv1d weight as loaded, kept beside the copy packed for the AVX-512 bf16 / AMX kernel, which its speculative-decode
+# path reads (model_executor/layers/utils.py `dispatch_cpu_unquantized_gemm`, layers/mamba/ops/cpu/gdn_attention.py).
+CPU_BUILD_ATTRIBUTES = frozenset({"_cpu_unpacked_conv_weight"})
 NAMES_SHOWN = 5  # names of moved or uncovered tensors returned, at most
 NAMES_KEPT = 20  # names of differing tensors returned, at most, each with how it differs
 
@@ -239,7 +244,7 @@ def fingerprint(
             else:
                 compared += 1
                 differ |= {entry.name: how} if how else {}
-            if reading.address != then_address:
+            if reading.address != then_address and entry.name.rsplit(".", 1)[-1] not in CPU_BUILD_ATTRIBUTES:
                 moved.append(entry.name)
     found = Fingerprint(
         version=FINGERPRINT_VERSION,

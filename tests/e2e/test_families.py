@@ -51,8 +51,14 @@ PRESERVE = ("preserve", "preserve-0.34")  # target's embedding, a tied head, and
 
 def family_scenarios() -> list[Path]:
     """The family matrix: scenarios/cpu/*.toml but the weight pushes and syncs (tests/e2e/test_push.py and
-    tests/e2e/test_sync.py run those), as `make families` has them."""
-    return sorted(p for p in CPU_SCENARIOS.glob("*.toml") if not p.name.startswith(("push-", "sync-", "dp-")))
+    tests/e2e/test_sync.py run those), as `make families` has them, and the DSpark family (Model Runner V2, whose
+    steps run in Triton's interpreter: tests/e2e/test_dspark.py runs it, smaller) and the Qwen3.5 hybrid MTP family
+    (the same, tests/e2e/test_qwen35.py)."""
+    return sorted(
+        p
+        for p in CPU_SCENARIOS.glob("*.toml")
+        if not p.name.startswith(("push-", "sync-", "dp-")) and p.name not in ("dspark.toml", "qwen-mtp.toml")
+    )
 
 
 def only_variants(text: str, keep: set[str]) -> str:

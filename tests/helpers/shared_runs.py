@@ -115,7 +115,8 @@ def breakdown(run: dict[str, Any]) -> list[str]:
     """Where the shared run's time went, in lines for the session's summary: its wall time; its preparation (engine
     probe, overlays, builtin model builds, vLLM's validation: until the run names its folder); and the server-seconds
     of every variant's phases (servers run side by side, so these add up to more than the wall time)."""
-    times = [(float(m[1]), m[2]) for line in run["proc"].stdout.splitlines() if (m := EVENT.match(line))]
+    output = f"{run['proc'].stderr}\n{run['proc'].stdout}"  # events go to stderr, the report to stdout
+    times = sorted((float(m[1]), m[2]) for line in output.splitlines() if (m := EVENT.match(line)))
     if not times:
         return ["shared run: no events (it printed nothing the summary can read)"]
     prepared = next((t for t, text in times if text.startswith(PREPARED)), None)

