@@ -5,6 +5,7 @@ parsing its flags into one typed request for the core and rendering the answer.
 from __future__ import annotations
 
 import os
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +21,17 @@ from specwake.run.shards import choose_shard
 # commands that only read results start in a fraction of `run`'s import time.
 
 
+class ModelRunnerChoice(str, Enum):
+    """`--model-runner`'s choices: vLLM's model runners (server.model_runner)."""
+
+    v1 = "v1"
+    v2 = "v2"
+
+
+def _runner(choice: ModelRunnerChoice | None) -> str | None:
+    return choice.value if choice is not None else None
+
+
 def run(
     scenarios: Annotated[list[Path], typer.Argument(help="Scenario TOML files.", show_default=False)],
     cycles: Annotated[
@@ -29,6 +41,10 @@ def run(
         int | None, typer.Option(min=1, help="Tensor parallel size (overrides server.tensor_parallel_size).")
     ] = None,
     variant: Annotated[list[str] | None, typer.Option("--variant", help="Run only this variant (repeatable).")] = None,
+    model_runner: Annotated[
+        ModelRunnerChoice | None,
+        typer.Option(help="Model runner of every variant the files leave to vLLM's choice (server.model_runner)."),
+    ] = None,
     patch: Annotated[Path | None, typer.Option(help="Diff for the `patched` variant (overrides its patch).")] = None,
     output: Annotated[Path, typer.Option(help="Results folder; each run gets a new sub-folder.")] = Path("results"),
     gpus: Annotated[
@@ -84,7 +100,9 @@ def run(
     try:
         request = RunRequest(
             scenarios=scenarios,
-            overrides=Overrides(cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch),
+            overrides=Overrides(
+                cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch, model_runner=_runner(model_runner)
+            ),
             output=output,
             cache=cache_dir(),
             interleave=interleave,
@@ -129,6 +147,10 @@ def check(
     ] = None,
     tp: Annotated[int | None, typer.Option(min=1, help="Tensor parallel size (overrides the files).")] = None,
     variant: Annotated[list[str] | None, typer.Option("--variant", help="Check only this variant.")] = None,
+    model_runner: Annotated[
+        ModelRunnerChoice | None,
+        typer.Option(help="Model runner of every variant the files leave to vLLM's choice (server.model_runner)."),
+    ] = None,
     patch: Annotated[Path | None, typer.Option(help="Diff for the `patched` variant.")] = None,
     gpus: Annotated[
         str | None, typer.Option(help="GPUs to plan the packing onto, e.g. 0-7 (default: all visible).")
@@ -158,7 +180,9 @@ def check(
 
     ui = Ui()
     refuse_bad_run_flags(ui, patch, interleave, sequential)
-    overrides = Overrides(cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch)
+    overrides = Overrides(
+        cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch, model_runner=_runner(model_runner)
+    )
     try:
         outcome = check_all(
             scenarios, overrides, cache_dir(), ui.event, gpus=parse_gpus(gpus), online=online, sequential=sequential,

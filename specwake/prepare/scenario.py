@@ -167,6 +167,7 @@ class Overrides:
     tp: int | None = None
     variants: tuple[str, ...] = ()
     patch: Path | None = None
+    model_runner: str | None = None  # the runner of every variant the file leaves to vLLM's choice
 
 
 def _error_from_validation(file: str, exc: ValidationError) -> ScenarioError:
@@ -354,7 +355,7 @@ def _resolve_variant(
                 tuple(sorted(section.push_scale.items())),
                 tuple(section.push_skip),
                 discard_rules=section.discard_rules or doc.cycle.discard_rules,
-                model_runner=section.model_runner or doc.server.model_runner,
+                model_runner=section.model_runner or doc.server.model_runner or overrides.model_runner,
                 patch_from_flag=name == "patched" and overrides.patch is not None,
             )  # fmt: skip
         )

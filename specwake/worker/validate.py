@@ -206,7 +206,8 @@ def runner_choice(
         if text.startswith(RUNNER_REFUSALS):
             return None, text, None
         return None, None, f"model runner: vLLM's engine config does not build here ({text})"
-    return ("v2" if config.use_v2_model_runner else "v1"), None, None
+    # 0.34 has Model Runner V2 alone, and no such property (vllm/config/vllm.py 0.34)
+    return ("v2" if getattr(config, "use_v2_model_runner", True) else "v1"), None, None
 
 
 TRANSFER_SINCE = "vLLM 0.26"  # draft sessions (Worker.start_draft_weight_update); engine-owned sessions since 0.25

@@ -42,6 +42,7 @@ dtype = "bfloat16"
 max_model_len = 512
 args = ["--seed", "0", "--max-num-seqs", "4", "--num-gpu-blocks-override", "256"]
 env = { HF_HUB_OFFLINE = "1" }
+model_runner = "v2"
 startup_timeout_s = 300
 [speculative]
 method = "mtp"

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,7 @@ def launch_env() -> dict[str, str]:
     return kept | {k: v for k, v in STARTING_ENV.items() if k.startswith(vllm)}
 
 
-def run_scenario_cli(scenario: str | list[str], out: Path, timeout: float) -> dict[str, Any]:
+def run_scenario_cli(scenario: str | list[str], out: Path, timeout: float, flags: Sequence[str] = ()) -> dict[str, Any]:
     """`specwake run SCENARIO... --output OUT` in a subprocess, as a user would; returns the process, its one run
     folder, the parsed result.json (of each scenario, by name, under "results" when there are several) and any
     process the run left behind (found by an env marker)."""
@@ -112,7 +112,7 @@ def run_scenario_cli(scenario: str | list[str], out: Path, timeout: float) -> di
     env = {k: v for k, v in launch_env().items() if k != "GITHUB_STEP_SUMMARY"} | {SERVER_MARK: mark_value}
     scenarios = [scenario] if isinstance(scenario, str) else scenario
     proc = subprocess.run(
-        [sys.executable, "-m", "specwake.cli", "run", *scenarios, "--output", str(out)],
+        [sys.executable, "-m", "specwake.cli", "run", *scenarios, "--output", str(out), *flags],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     leftovers = processes_with_env(SERVER_MARK, mark_value)

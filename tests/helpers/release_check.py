@@ -108,7 +108,8 @@ def scenario_patches(version: str, scenarios: Iterable[Scenario]) -> tuple[dict[
 
 def flags_passed(scenarios: Iterable[Scenario]) -> dict[str, str]:
     """Every flag a server of the scenarios is started with (plan.build_server_command, both entry points, GPU and
-    CPU, every node) → the first scenario that passes it."""
+    CPU, every node) → the first scenario that passes it. A negated boolean flag counts as the flag it negates: vLLM
+    gives every boolean engine argument its `--no-` form (argparse.BooleanOptionalAction, vllm/engine/arg_utils.py)."""
     flags: dict[str, str] = {}
     for scenario in scenarios:
         for variant in scenario.variants:
@@ -121,7 +122,8 @@ def flags_passed(scenarios: Iterable[Scenario]) -> dict[str, str]:
                 )  # fmt: skip
                 for word in argv[3:]:  # after `python -m MODULE`
                     if _FLAG.fullmatch(word):
-                        flags.setdefault(word.partition("=")[0], scenario.file.name)
+                        flag = word.partition("=")[0]
+                        flags.setdefault(f"--{flag[5:]}" if flag.startswith("--no-") else flag, scenario.file.name)
     return flags
 
 

@@ -22,6 +22,12 @@ from tests.helpers.paths import REPO
 from tests.helpers.procs import run_scenario_cli
 
 MARKER = "shared_run"
+# The runner of every shared scenario that leaves it to vLLM's choice: V1. Those modules test specwake's verdicts,
+# fingerprints, pushes, syncs, faults and data parallelism, none of which depends on the runner, and on this 2-core
+# machine Model Runner V2 (its Triton programs interpreted) costs several times V1's per token. The modules about the
+# runners name V2 in their own scenarios: every family (test_families.py), the fix's runner hunks (test_runners.py),
+# DSpark (test_dspark.py) and Qwen3.5 (test_qwen35.py).
+RUNNER_FLAGS = ("--model-runner", "v1")
 # pytest-timeout counts the setup of the test that starts the shared run: the run's own limit must fire first, with
 # the process's output in its message.
 TIMEOUT_MARGIN_S = 300.0
@@ -102,7 +108,8 @@ def start(every: Sequence[Scenarios], scenario_folder: Path, output: Path) -> Sh
         own.mkdir()
         paths[scenarios.key] = list(scenarios.write(own))
     names = {key: [load_scenario(p).name for p in files] for key, files in paths.items()}
-    run = run_scenario_cli([str(p) for files in paths.values() for p in files], output, timeout=budget(every))
+    files = [str(p) for found in paths.values() for p in found]
+    run = run_scenario_cli(files, output, timeout=budget(every), flags=RUNNER_FLAGS)
     return SharedRun(run, names)
 
 
