@@ -12,7 +12,7 @@ from specwake.prepare import plan
 from specwake.prepare.engine import EngineInfo
 from specwake.prepare.plan import build_server_env, runner_env
 from specwake.prepare.runners import runner_choice, runner_label
-from specwake.prepare.scenario import Scenario, load_scenario
+from specwake.prepare.scenario import Overrides, Scenario, load_scenario
 from specwake.prepare.validate import check_answer
 from specwake.prepare.variants import for_engine
 from specwake.report.summary import render_markdown
@@ -127,3 +127,12 @@ def test_a_worker_names_its_runner_by_the_package_of_its_classes() -> None:
     cpu_v1 = type("CPUModelRunner", (v1_base,), {"__module__": "vllm.v1.worker.cpu_model_runner"})
     assert model_runner_of(cpu_v2()) == "v2" and model_runner_of(v2_base()) == "v2"
     assert model_runner_of(cpu_v1()) == "v1" and model_runner_of(v1_base()) == "v1"
+
+
+def test_the_flag_sets_the_runner_the_file_leaves_open_and_no_other(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.format(server=""))
+    chosen = load_scenario(path, Overrides(model_runner="v2"))
+    assert [(v.name, v.model_runner) for v in chosen.variants] == [("baseline", "v2"), ("v1", "v1")]
+    path.write_text(SCENARIO.format(server='model_runner = "v1"'))
+    assert [v.model_runner for v in load_scenario(path, Overrides(model_runner="v2")).variants] == ["v1", "v1"]
