@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, variant_of
-from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note, restores
+from tests.helpers.shared_runs import Scenarios, SharedRun, assert_stock_collapses_from_k_plus_1, outcome_note, restores
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -89,11 +89,7 @@ def test_the_small_copy_runs_the_shipped_family() -> None:
 def test_stock_vllm_collapses_from_exactly_k_plus_1(run: dict[str, Any]) -> None:
     assert run["result"]["verdict"] == "pass" and run["result"]["complete"] is True, outcome_note(run)
     assert run["leftovers"] == []
-    base = variant_of(run, "baseline")
-    fresh, *after = base["stages"]
-    assert base["outcome"] == "collapse" and fresh["acceptance_length"] == 4.0  # K = 3, every draft accepted
-    assert after and all(s["acceptance_length"] == 1.0 and s["outputs_match_fresh"] for s in after)
-    assert all(fp["differ"] == 0 for fp in restores(base, "target")) and all(fp["differ"] > 0 for fp in restores(base))
+    assert_stock_collapses_from_k_plus_1(variant_of(run, "baseline"))
 
 
 def test_the_reference_fix_reloads_the_mtp_module(run: dict[str, Any]) -> None:

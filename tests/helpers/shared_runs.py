@@ -151,3 +151,12 @@ def restores(variant: dict[str, Any], role: str = "draft") -> list[dict[str, Any
     """The model's fingerprint (rank 0) after each reload, in cycle order."""
     found = [d for d in variant["diagnostics"] if d["point"] == "after reload_weights"]
     return [d["fingerprints"][0][role] for d in sorted(found, key=lambda d: d["cycle"])]
+
+
+def assert_stock_collapses_from_k_plus_1(base: dict[str, Any], k: int = 3) -> None:
+    """Stock vLLM on a builtin pair: AL exactly K + 1 fresh (every draft accepted), 1.00 after every cycle with the text
+    unchanged, the target restored by the reload and the drafter not."""
+    fresh, *after = base["stages"]
+    assert base["outcome"] == "collapse" and fresh["acceptance_length"] == k + 1
+    assert after and all(s["acceptance_length"] == 1.0 and s["outputs_match_fresh"] for s in after)
+    assert all(fp["differ"] == 0 for fp in restores(base, "target")) and all(fp["differ"] > 0 for fp in restores(base))
