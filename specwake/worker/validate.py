@@ -140,6 +140,17 @@ def too_long(model: str, prompts: list[str], asked: int | None) -> tuple[dict[st
     return None, None
 
 
+def _engine_args(model: str, spec: dict[str, Any], serve_args: list[str]) -> Any:
+    """vLLM's EngineArgs as `vllm serve MODEL ARGS...` builds them, with `spec` as its speculative config."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    parsed = _parser().parse_args([model, *serve_args])
+    parsed.model = model  # what `vllm serve MODEL` does with its positional argument
+    engine_args = EngineArgs.from_cli_args(parsed)
+    engine_args.speculative_config = dict(spec) if spec else None
+    return engine_args
+
+
 def semantic_problem(model: str, spec: dict[str, Any], serve_args: list[str]) -> tuple[str | None, str | None]:
     """(what vLLM's own SpeculativeConfig refuses, why the check was skipped): the config built as the server builds
     it (EngineArgs from the same arguments, then create_speculative_config), which runs the checks of
@@ -150,14 +161,9 @@ def semantic_problem(model: str, spec: dict[str, Any], serve_args: list[str]) ->
     if missing:
         return None, f"vLLM's SpeculativeConfig: {', '.join(missing)} not on this machine (no local folder or snapshot)"
     from vllm.config import ParallelConfig
-    from vllm.engine.arg_utils import EngineArgs
 
-    parser = _parser()
     try:
-        parsed = parser.parse_args([model, *serve_args])
-        parsed.model = model  # what `vllm serve MODEL` does with its positional argument
-        engine_args = EngineArgs.from_cli_args(parsed)
-        engine_args.speculative_config = dict(spec)
+        engine_args = _engine_args(model, spec, serve_args)
         target = engine_args.create_model_config()
     except Exception as exc:  # noqa: BLE001 - the target's own config is not this check's business
         return None, f"vLLM's SpeculativeConfig: the target's model config does not build here ({_first(exc)})"
@@ -189,18 +195,12 @@ def runner_choice(
         return None, None, f"model runner: {', '.join(missing)} not on this machine (no local folder or snapshot)"
     import os
 
-    from vllm.engine.arg_utils import EngineArgs
-
     if asked in RUNNER_SWITCH:
         os.environ[V2_SWITCH] = RUNNER_SWITCH[asked]
     else:
         os.environ.pop(V2_SWITCH, None)
     try:
-        parsed = _parser().parse_args([model, *serve_args])
-        parsed.model = model
-        engine_args = EngineArgs.from_cli_args(parsed)
-        engine_args.speculative_config = dict(spec) if spec else None
-        config = engine_args.create_engine_config()
+        config = _engine_args(model, spec, serve_args).create_engine_config()
     except Exception as exc:  # noqa: BLE001 - vLLM's refusal of the runner, or a config this check cannot build
         text = _first(exc)
         if text.startswith(RUNNER_REFUSALS):
