@@ -58,6 +58,8 @@ class Variant:
     push_skip: tuple[str, ...] = ()  # a partial push or sync
     discard_rules: str | None = None  # whose L2 sleep an emulated discard follows; None: the installed vLLM's
     model_runner: str | None = None  # "v1" | "v2": the runner its server is told to run; None: vLLM's own choice
+    # where model_runner was set, as an error names it: its own table's key, the server's, or the flag
+    model_runner_from: str = "server.model_runner"
     release: str | None = None  # the vLLM version `patch` and `expected` answer for; None before preparation
     patch_from_flag: bool = False  # the patch is --patch's, not the file's
 
@@ -356,10 +358,19 @@ def _resolve_variant(
                 tuple(section.push_skip),
                 discard_rules=section.discard_rules or doc.cycle.discard_rules,
                 model_runner=section.model_runner or doc.server.model_runner or overrides.model_runner,
+                model_runner_from=_runner_from(name, section.model_runner, doc.server.model_runner),
                 patch_from_flag=name == "patched" and overrides.patch is not None,
             )  # fmt: skip
         )
     return resolved
+
+
+def _runner_from(variant: str, own: str | None, server: str | None) -> str:
+    """Where a variant's model runner comes from, as an error names it: its table, the server's, else --model-runner
+    (or vLLM's choice, which the server's key stands for)."""
+    if own:
+        return f"variants.{variant}.model_runner"
+    return "server.model_runner" if server else "--model-runner"
 
 
 def _local_path(file: Path, ref: str) -> str:

@@ -143,18 +143,13 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
             raise ScenarioError(file, where, f"vLLM {version}: {problem}")
         raise ScenarioError(file, "cycle.reload", f'"{scenario.cycle.reload}": vLLM {version}: {problem}')
     if answer.get("runner_problem"):
-        key = f"variants.{variant.name}.model_runner" if _own_runner(scenario, variant) else "server.model_runner"
+        key = variant.model_runner_from if variant.model_runner else "server.model_runner"
         asked = f'"{variant.model_runner}"' if variant.model_runner else "vLLM's choice"
         raise ScenarioError(file, key, f"{asked}: vLLM {version} refuses it: {answer['runner_problem']}")
     if answer.get("semantic_problem"):
         problem = str(answer["semantic_problem"])
         reason = f"vLLM {version}'s SpeculativeConfig refuses it: {problem}"
         raise ScenarioError(file, _semantic_key(scenario, problem), reason)
-
-
-def _own_runner(scenario: Scenario, variant: Variant) -> bool:
-    """Whether the variant's model runner is its own (the file sets it in its variant table), not the server's."""
-    return variant.model_runner is not None and variant.model_runner != scenario.server.model_runner
 
 
 def _semantic_key(scenario: Scenario, problem: str) -> str:

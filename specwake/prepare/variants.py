@@ -52,11 +52,6 @@ def available_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
-# Drafter families that exist only in Model Runner V2, which a CPU server runs with its Triton programs interpreted
-# (worker/triton_cpu.py) unless the scenario asks for V1.
-V2_ONLY_METHODS = {
-    "dspark": "DSpark drafters exist only in vLLM's Model Runner V2, and the scenario asks for V1",
-}
 _HYBRID_MTP = (
     "hybrid linear-attention MTP (Qwen3-Next / Qwen3.5) on the V1 runner with prefix caching needs Triton (a GPU): V1"
     " then copies its Mamba states with a Triton program (vllm/v1/worker/mamba_utils.py); Model Runner V2 (Triton"
@@ -69,11 +64,9 @@ GPU_ONLY_MODEL_TYPES = dict.fromkeys(
 
 def gpu_only_family(scenario: Scenario, model: str) -> str | None:
     """Why the scenario's drafter family cannot run without a GPU, or None. The model's family is read from its
-    config.json where one is at hand (a local folder or the local Hugging Face cache). A method of Model Runner V2
-    runs on a CPU whose server interprets Triton's programs (worker/triton_cpu.py): any runner but "v1"."""
-    method = scenario.speculative.get("method")
-    if method in V2_ONLY_METHODS and scenario.server.model_runner == "v1":
-        return V2_ONLY_METHODS[str(method)]
+    config.json where one is at hand (a local folder or the local Hugging Face cache). Model Runner V2 runs on a CPU
+    whose server interprets Triton's programs (worker/triton_cpu.py); a drafter family that V1 does not have (DSpark)
+    is refused by vLLM itself, with its reason (prepare/validate.py)."""
     if scenario.server.model_runner != "v1" or "--no-enable-prefix-caching" in scenario.server.args:
         return None  # Model Runner V2 (vLLM's choice here too), or V1 with no Mamba-state copies: a hybrid runs
     config = local_config(model)
@@ -207,8 +200,7 @@ def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo) -> Vari
     except NoReleaseValue as exc:
         raise ScenarioError(str(scenario.file), exc.key, exc.reason) from None
     if variant.model_runner == "v1" and _release_at_least(engine.vllm_version, NO_V1_RUNNER_SINCE):
-        own = variant.model_runner != scenario.server.model_runner
-        key = f"variants.{variant.name}.model_runner" if own else "server.model_runner"
+        key = variant.model_runner_from
         reason = f'"v1": vLLM {engine.vllm_version} has no V1 model runner (none since {NO_V1_RUNNER_SINCE}); use "v2"'
         raise ScenarioError(str(scenario.file), key, reason)
     return resolved

