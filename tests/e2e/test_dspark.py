@@ -18,7 +18,6 @@ Skips only when vLLM is missing and SPECWAKE_REQUIRE_VLLM is unset.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,14 @@ import pytest
 
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, variant_of
-from tests.helpers.shared_runs import Scenarios, SharedRun, assert_stock_collapses_from_k_plus_1, outcome_note, restores
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from tests.helpers.shared_runs import (
+    Scenarios,
+    SharedRun,
+    assert_a_small_copy_of,
+    assert_stock_collapses_from_k_plus_1,
+    outcome_note,
+    restores,
+)
 
 require_module("vllm")
 
@@ -92,8 +93,7 @@ def run(shared_run: SharedRun) -> dict[str, Any]:
 
 
 def test_the_small_copy_runs_the_shipped_family() -> None:
-    small, shipped = tomllib.loads(SCENARIO), tomllib.loads(SHIPPED.read_text())
-    assert small["server"] == shipped["server"] and small["speculative"] == shipped["speculative"]
+    assert_a_small_copy_of(SCENARIO, SHIPPED)
 
 
 def test_stock_vllm_collapses_from_exactly_k_plus_1(run: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ selected run: `pytest tests/e2e/test_vllm.py` runs tiny-cpu alone.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,11 @@ import pytest
 from specwake.prepare.scenario import load_scenario
 from tests.helpers.paths import REPO
 from tests.helpers.procs import run_scenario_cli
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 MARKER = "shared_run"
 # The runner of every shared scenario that leaves it to vLLM's choice: V1. Those modules test specwake's verdicts,
@@ -151,6 +157,12 @@ def restores(variant: dict[str, Any], role: str = "draft") -> list[dict[str, Any
     """The model's fingerprint (rank 0) after each reload, in cycle order."""
     found = [d for d in variant["diagnostics"] if d["point"] == "after reload_weights"]
     return [d["fingerprints"][0][role] for d in sorted(found, key=lambda d: d["cycle"])]
+
+
+def assert_a_small_copy_of(text: str, shipped: Path) -> None:
+    """A scenario the shared run makes smaller runs the shipped family's server and drafter unchanged."""
+    small, original = tomllib.loads(text), tomllib.loads(shipped.read_text())
+    assert small["server"] == original["server"] and small["speculative"] == original["speculative"]
 
 
 def assert_stock_collapses_from_k_plus_1(base: dict[str, Any], k: int = 3) -> None:
