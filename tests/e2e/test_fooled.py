@@ -27,6 +27,7 @@ import pytest
 from tests.helpers.diffs import insert_after
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, variant_of
+from tests.helpers.scenario_texts import TINY_DRAFT_MODEL
 from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note, restores
 
 require_module("vllm")
@@ -58,21 +59,9 @@ NAMED = {  # variant → (the drafter tensor it changes, how it differs from fre
     "rows-reversed": (EMBEDDING, "rearranged", "same values in other places"),
 }
 VARIANTS = (*NAMED, "wrong-checkpoint")
-SCENARIO = """\
+SCENARIO = f"""\
 name = "fooled-draft-model"
-[server]
-model = "builtin:tiny-llama"
-enforce_eager = true
-dtype = "float32"
-max_model_len = 512
-args = ["--seed", "0", "--max-num-seqs", "4", "--num-gpu-blocks-override", "256"]
-env = { HF_HUB_OFFLINE = "1" }
-startup_timeout_s = 300
-[speculative]
-method = "draft_model"
-model = "builtin:tiny-llama-draft"
-num_speculative_tokens = 3
-[workload]
+{TINY_DRAFT_MODEL}[workload]
 prompts = "builtin:mixed"
 max_tokens = 64
 repeats = 2

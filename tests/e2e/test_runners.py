@@ -24,6 +24,7 @@ import pytest
 from tests.helpers.diffs import without_file
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, variant_of
+from tests.helpers.scenario_texts import TINY_DRAFT_MODEL
 from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
 require_module("vllm")
@@ -38,21 +39,9 @@ VARIANTS: dict[str, tuple[str, str, str]] = {
     "no-v2-hunk-on-v1": (f"-{V2_HUNK}", "v1", "recover"),
     "no-v1-hunk-on-v2": (f"-{V1_HUNK}", "v2", "recover"),
 }
-SCENARIO = """\
+SCENARIO = f"""\
 name = "runners"
-[server]
-model = "builtin:tiny-llama"
-enforce_eager = true
-dtype = "float32"
-max_model_len = 512
-args = ["--seed", "0", "--max-num-seqs", "4", "--num-gpu-blocks-override", "256"]
-env = { HF_HUB_OFFLINE = "1" }
-startup_timeout_s = 300
-[speculative]
-method = "draft_model"
-model = "builtin:tiny-llama-draft"
-num_speculative_tokens = 3
-[workload]
+{TINY_DRAFT_MODEL}[workload]
 prompts = "builtin:mixed"
 max_tokens = 32
 repeats = 2
