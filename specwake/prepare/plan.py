@@ -175,16 +175,17 @@ def data_parallel(scenario: Scenario) -> bool:
     return scenario.server.data_parallel_size > 1 and scenario.server.load_balancing != "replicas"
 
 
-def model_flags(scenario: Scenario, is_gpu: bool) -> list[str]:
+def model_flags(scenario: Scenario, is_gpu: bool, port: int = PORT_UNSET) -> list[str]:
     """The flags from specwake's own [server] keys that shape the model: the server gets them, and `check` builds
-    vLLM's configs from them."""
+    vLLM's configs from them. `port` stands for the ports a multi-node group meets on until it is launched (vLLM
+    refuses 0 where it builds its config; a launch puts free ones in)."""
     server = scenario.server
     flags = ["--tensor-parallel-size", str(server.tensor_parallel_size), "--dtype", server.dtype]
     if data_parallel(scenario):
         flags += ["--data-parallel-size", str(server.data_parallel_size)]
     if server.nodes > 1:  # each node its share of the ranks, all meeting at the head (vllm/engine/arg_utils.py)
         flags += ["--nnodes", str(server.nodes), "--master-addr", server.head_address]
-        flags += ["--master-port", str(PORT_UNSET), "--data-parallel-rpc-port", str(PORT_UNSET)]
+        flags += ["--master-port", str(port), "--data-parallel-rpc-port", str(port)]
     if server.enable_expert_parallel:
         flags.append("--enable-expert-parallel")
     if server.enforce_eager:

@@ -40,6 +40,9 @@ def _program_digest() -> str:
     return hashlib.sha256(PROGRAM.read_bytes()).hexdigest()
 
 
+CHECKED_PORT = 29500  # a multi-node group's ports as the check builds vLLM's config: any valid one (not used)
+
+
 def request_for(
     scenario: Scenario, variant: Variant, model: str, draft_model: str | None = None, is_gpu: bool = False
 ) -> dict[str, Any]:
@@ -51,7 +54,7 @@ def request_for(
         "speculative": speculative_config(scenario, draft_model) if variant.speculative else {},
         "args": list(scenario.server.args),
         "variant_args": list(variant.args),
-        "serve_args": [*model_flags(scenario, is_gpu), *scenario.server.args, *variant.args],
+        "serve_args": [*model_flags(scenario, is_gpu, CHECKED_PORT), *scenario.server.args, *variant.args],
         "prompts": [*scenario.prompts, probe_prompt(scenario.cycle.count)],
         "max_model_len": scenario.server.max_model_len,
         "syncs": scenario.cycle.reload_kind.syncs,

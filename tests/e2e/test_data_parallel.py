@@ -136,3 +136,9 @@ def test_the_other_nodes_engine_runs_headless_started_by_the_node_command(run: d
     log = Path(node["log"]).read_text()
     assert "EngineCore_DP1" in log and "in headless mode" in log  # engine 1 ran there
     assert "EngineCore_DP1" not in Path(head["log"]).read_text()  # not behind the head's server
+
+
+def test_vllm_checked_every_data_parallel_variant_before_the_run(run: dict[str, Any]) -> None:
+    """check builds each variant's engine config with vLLM; a multi-node group's ports are picked only at launch, so
+    the check puts a valid port in their place (vLLM refuses 0) and no variant goes unchecked."""
+    assert "engine config does not build here" not in run["proc"].stderr, run["proc"].stderr[-3000:]
