@@ -44,7 +44,7 @@ require_module("vllm")
 
 
 RANDOM_FILL = "cpu-mimo-mtp-random"
-FAMILY_TOKENS, FAMILY_REPEATS = 32, 3  # each stage's workload in the copies
+FAMILY_TOKENS, FAMILY_REPEATS = 16, 2  # each stage's workload in the copies: 4 draft steps at AL 4
 MATRIX = {"baseline", "patched"}  # of every family (and the naive fix, added)
 PRESERVED = "cpu-gemma4-mtp"  # the family that keeps vLLM's workaround, under both rules: a drafter sharing the
 PRESERVE = ("preserve", "preserve-0.34")  # target's embedding, a tied head, and plain attributes in the target
