@@ -41,7 +41,7 @@ def test_the_same_step_has_the_same_key_wherever_the_file_is_and_whatever_it_is_
 @pytest.mark.parametrize(
     ("old", "new"),
     [
-        ("max_tokens = 128", "max_tokens = 64"),
+        ("max_tokens = 64", "max_tokens = 32"),
         ('prompts = "builtin:every-byte"', 'prompts = ["one prompt"]'),
         ("num_speculative_tokens = 3", "num_speculative_tokens = 2"),
         ('args = ["--seed", "0"', 'args = ["--seed", "1"'),

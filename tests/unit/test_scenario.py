@@ -51,7 +51,7 @@ def test_shipped_tiny_cpu_scenario_resolves() -> None:
     assert patched.for_release("0.32.0").patch == patches / "draft-reload.diff"
     assert patched.for_release("0.34.0").patch == patches / "draft-reload-0.34.diff"
     assert s.speculative["num_speculative_tokens"] == 3
-    assert s.cycle.count == 2 and s.workload.repeats == 5 and s.workload.max_tokens == 128
+    assert s.cycle.count == 2 and s.workload.repeats == 5 and s.workload.max_tokens == 64
     assert s.min_speedup_recovery is None  # speed is advisory where the discard is emulated
 
 
