@@ -66,8 +66,10 @@ dp: install
 # against its GPU wheel's sources (downloaded once into specwake's cache, about 330 MB each): its patch applies, and the
 # vLLM that specwake's worker code and patches use, the flags its scenarios pass and the metrics it reads are there.
 # It installs no vLLM (it reads wheels): on a GPU machine whose .venv holds the newest vllm, `make releases` leaves it.
+# `make releases TREE=PATH` checks a local vLLM source tree instead (a pull request's checkout, vLLM's main), as the
+# release its vllm/_version.py or newest git tag names (or VERSION=X): one line, each failure named, exit 1 on one.
 releases: $(DEV_STAMP)
-	$(BIN)/python -m tests.helpers.release_check
+	$(BIN)/python -m tests.helpers.release_check $(if $(TREE),--tree "$(TREE)") $(if $(VERSION),--version "$(VERSION)")
 
 # The unit tier: in-process, no server, no subprocess; under a minute. Run it after every change.
 check: install

@@ -13,6 +13,7 @@ release on the registry too.
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -391,3 +392,31 @@ def test_an_unseen_model_class_is_inspected_by_a_module_function_which_the_launc
     (load,) = [n for n in plugins.body if isinstance(n, ast.FunctionDef) and n.name == "load_general_plugins"]
     guard = "global plugins_loaded\n    if plugins_loaded:\n        return\n    plugins_loaded = True"
     assert guard in ast.unparse(load), version
+
+
+def test_a_checkout_of_vllm_is_checked_as_its_release_and_a_branch_that_renames_a_use_fails(tmp_path: Path) -> None:
+    """`make releases TREE=PATH`, as a vLLM developer runs it on a branch: a git checkout of the newest tested release
+    (its tag the newest reachable one) passes; a commit on top that renames a function specwake's worker code imports
+    fails, with the name in its own failure line."""
+    newest = TESTED_RELEASES[-1]
+    checkout = tmp_path / "vllm"
+    shutil.copytree(release_tree(newest) / "vllm", checkout / "vllm")
+    git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for step in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "release"], ["tag", f"v{newest}"]):
+        subprocess.run([*git, *step], check=True, capture_output=True)
+
+    def release_check() -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "tests.helpers.release_check", "--tree", str(checkout)]
+        return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+    ok = release_check()
+    assert ok.returncode == 0 and f"(as {newest})" in ok.stdout and ok.stdout.rstrip().endswith("-> ok"), ok.stdout
+    layerwise = checkout / "vllm" / "model_executor" / "model_loader" / "reload" / "layerwise.py"
+    text = layerwise.read_text()
+    assert text.count("def finalize_layerwise_reload(") == 1
+    layerwise.write_text(text.replace("def finalize_layerwise_reload(", "def finish_layerwise_reload("))
+    subprocess.run([*git, "commit", "-qam", "rename finalize_layerwise_reload"], check=True, capture_output=True)
+    broken = release_check()
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    failures = [line for line in broken.stdout.splitlines() if line.startswith("  failed: ")]
+    assert failures and any("finalize_layerwise_reload" in line for line in failures), broken.stdout

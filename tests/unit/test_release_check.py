@@ -18,6 +18,7 @@ from tests.helpers.release_check import (
     check_release,
     exit_status,
     flags_passed,
+    main,
     metric_in_source,
     releases_to_check,
     shipped_scenarios,
@@ -75,3 +76,11 @@ def test_the_api_servers_own_flags_come_from_its_frontend_argument_classes(tmp_p
 @pytest.mark.parametrize(("newest", "extra"), [(TESTED_RELEASES[-1], []), ("99.0.0", ["99.0.0"])])
 def test_the_newest_release_is_checked_with_the_tested_ones(newest: str, extra: list[str]) -> None:
     assert releases_to_check(newest) == [*TESTED_RELEASES, *extra]
+
+
+# -- a local source tree (make releases TREE=PATH) ------------------------------------------------------------------
+
+
+def test_a_folder_that_is_no_vllm_tree_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tree", str(tmp_path)]) == 2
+    assert "not a vLLM source tree" in capsys.readouterr().err
