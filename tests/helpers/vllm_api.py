@@ -250,11 +250,19 @@ def _members(release: Release, dotted: str) -> tuple[dict[str, ast.AST | None], 
         inherited, base_closed = _members(release, base_cls)
         members.update(inherited)
         closed = closed and base_closed
+    # `name: T` alone declares a field where the class makes fields of its annotations (a dataclass, a config class,
+    # or bases a reading cannot list: pydantic's BaseModel, NamedTuple, ...); in any other class it only declares a
+    # type (a mixin's `get_model: Callable[...]`), and the name is a member only where something assigns it.
+    fields = _is_config_class(cls) or not closed or "__dataclass_fields__" in members
+    declared: dict[str, ast.AST] = {}
     for node in cls.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             members[node.name] = node
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            members[node.target.id] = node
+            if node.value is not None or fields:
+                members[node.target.id] = node
+            else:
+                declared[node.target.id] = node
         elif isinstance(node, ast.Assign):
             for target in node.targets:
                 for name_node in ast.walk(target):
@@ -266,7 +274,8 @@ def _members(release: Release, dotted: str) -> tuple[dict[str, ast.AST | None], 
                 node, (ast.AnnAssign, ast.AugAssign)) else []  # fmt: skip
             for target in targets:
                 if isinstance(target, ast.Attribute) and _dotted(target.value) == "self":
-                    members.setdefault(target.attr, _typed_self_assign(method, node, target.attr))
+                    typed = declared.get(target.attr) or _typed_self_assign(method, node, target.attr)
+                    members.setdefault(target.attr, typed)
     if any(_dotted(d.func if isinstance(d, ast.Call) else d) in ("dataclass", "dataclasses.dataclass") for d in
            cls.decorator_list):  # fmt: skip
         members.setdefault("__dataclass_fields__", None)

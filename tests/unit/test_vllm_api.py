@@ -203,3 +203,38 @@ def test_a_class_the_release_lacks_fails_the_check_instead_of_going_unchecked(tm
     assert found == [
         "line 1: parameter runner: KNOWN_PARAMETERS names no class for vLLM (no __version__ in vllm/_version.py)"
     ]
+
+
+def test_a_name_a_plain_class_only_annotates_is_no_member_and_a_fields_annotation_is(tmp_path):
+    """A mixin's `get_model: Callable[...]` declares a type; only something that assigns or defines it makes it a
+    member (vLLM's LoRA mixin and Model Runner V2). In a dataclass an annotation is a field."""
+    files = dict(RELEASE)
+    files["vllm/v1/worker/gpu/model_runner.py"] = """
+        from dataclasses import dataclass
+        from typing import Callable
+
+        class LoRAMixin:
+            get_model: Callable[[], object]
+            lora_config: object
+
+        class GPUModelRunner(LoRAMixin):
+            def __init__(self):
+                self.lora_config = None
+
+            def reload_weights(self, weights_iterator=None, weights_path=None):
+                pass
+
+        @dataclass
+        class Batch:
+            size: int
+        """
+    tree = write_release(tmp_path / "release", files)
+    code = """
+        from vllm.v1.worker.gpu.model_runner import Batch, GPUModelRunner
+
+        class Runner(GPUModelRunner):
+            def go(self):
+                return self.get_model(), self.lora_config, Batch(size=1)
+        """
+    found = problems(code, tree)
+    assert found and all("GPUModelRunner has no attribute get_model" in p for p in found), found
