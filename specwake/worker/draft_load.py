@@ -52,7 +52,7 @@ def load_draft_weights_inplace(
             restore_quantized_lm_heads,
             share_source_lm_heads,
         )
-    except ImportError:  # vLLM < 0.33
+    except ImportError:  # vLLM < 0.33: no quantized lm_head copies
         restore_quantized_lm_heads = share_source_lm_heads = None
 
     # Tensors kept as plain attributes (fused buffers, derived copies) as

@@ -83,7 +83,7 @@ def run_headless(argv: list[str]) -> None:
 
     try:
         from vllm.entrypoints.common.cli_args import make_arg_parser
-    except ImportError:  # vLLM < 0.33
+    except ImportError:  # vLLM < 0.33: the parser lives in vllm/entrypoints/launchers/cli_args.py
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
 
     ServeSubcommand.cmd(make_arg_parser(FlexibleArgumentParser()).parse_args(argv))

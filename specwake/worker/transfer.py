@@ -138,7 +138,7 @@ def _partial_load_allowed() -> contextlib.AbstractContextManager[None]:
     start_weight_update marks (`start_reload`, model_loader/reload/lifecycle.py)."""
     try:
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
-    except ImportError:
+    except ImportError:  # vLLM >= 0.34: no such switch; its MTP loaders skip the check during a weight update
         return contextlib.nullcontext()
     return disable_mtp_completeness_check()
 

@@ -71,9 +71,9 @@ def _parser() -> Any:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     try:
-        from vllm.entrypoints.common.cli_args import make_arg_parser  # 0.33
-    except ImportError:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # 0.32
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:  # vLLM < 0.33: the parser lives in vllm/entrypoints/launchers/cli_args.py
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
 
     class Parser(FlexibleArgumentParser):
         def error(self, message: str) -> Any:  # argparse would print usage and exit 2

@@ -5,8 +5,10 @@ tree)` finds, in `code` (a module of specwake's worker, or a file the reference 
 vLLM it can name, and returns one line per use that release `tree` (a folder holding `vllm/`) does not have:
 
 - `from vllm.X import Y` / `import vllm.X`, at any depth: the module exists and defines (or re-exports) Y. Imports
-  inside a `try:` whose handler catches ImportError are a fallback: a release may lack them (`optional` lists them,
-  and the caller checks that every optional import resolves in at least one release, so none is a typo);
+  inside a `try:` whose handler catches ImportError are a fallback: a release may lack them only where the code says
+  so, on the handler's line: `except ImportError:  # vLLM < 0.34: why` (`optional_missing` lists them; the caller
+  checks that every such import resolves in at least one release, so none is a typo). An import of the handler itself
+  is not needed where its `try:` imported everything;
 - a call of an imported function or class, or of a method of an imported class (`Factory.register_engine(...)`),
   or of a function of an imported module: the release's signature accepts its positional count and keywords;
 - attributes and methods of vLLM objects whose class is known: parameters named as vLLM names its objects
@@ -22,10 +24,13 @@ those are the worker's defensive paths, and the real-server tests run them.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from specwake.prepare.releases import ByRelease
 
@@ -77,11 +82,13 @@ class Report:
 @dataclass(frozen=True)
 class Release:
     root: Path  # holds vllm/
+    named: str | None = None  # the version the caller knows it as (a source tree without a version file)
 
     @property
     def version(self) -> str | None:
-        """The release's `__version__`, as its `vllm/_version.py` (or `vllm/__init__.py`) assigns it."""
-        return _version(self.root)
+        """The release's `__version__`, as its `vllm/_version.py` (or `vllm/__init__.py`) assigns it, else the one
+        it was named."""
+        return _version(self.root) or self.named
 
     def module_file(self, dotted: str) -> Path | None:
         base = self.root.joinpath(*dotted.split("."))
@@ -352,6 +359,10 @@ class Checker:
         self.self_classes = self_classes  # class name in the checked code -> the vLLM classes `self` is
         self.report = Report()
         self.alternatives = 0  # > 0 inside the `except ImportError:` of a fallback import
+        self.source_lines: list[str] = []
+        # the `vLLM <spec>: why` of each enclosing guarded `try:`'s handler, innermost last (None: it gives none);
+        # a handler's own body, never run where its `try:` imported everything, is `UNUSED`
+        self.absent_where: list[tuple[SpecifierSet, str] | None | str] = []
         self.probed: set[str] = set()  # attributes the code asks for with hasattr/getattr first: it has a fallback
         # KNOWN_PARAMETERS for this release; None where no table entry answers for it
         self.parameters = {name: classes.for_release(release.version) for name, classes in KNOWN_PARAMETERS.items()}
@@ -376,10 +387,7 @@ class Checker:
             if self.wanted(node):
                 self.report.checked += 1
             if found is None:
-                if guarded:
-                    self.report.optional_missing.append(use)
-                else:
-                    self.problem(node, f"{use.what}: {self._why_missing(source, alias.name)}")
+                self.missing(node, use, guarded, self._why_missing(source, alias.name))
                 continue
             if guarded or self.alternatives:
                 self.report.optional_found.append(use)
@@ -388,6 +396,27 @@ class Checker:
                 scope[alias.asname or alias.name] = Ref("module", where)
             else:
                 scope[alias.asname or alias.name] = Ref("object", f"{where}.{alias.name}", def_node)
+
+    def missing(self, node: ast.AST, use: Use, guarded: bool, why: str) -> None:
+        """An import the release lacks. Unguarded, a problem. Guarded by `except ImportError`, it may be absent only
+        where the code says so: its handler's line names the releases and why (`# vLLM < 0.34: no such cap`), and
+        this release is one of them; or it is the alternative of a `try:` that imported everything here."""
+        if not guarded:
+            self.problem(node, f"{use.what}: {why}")
+            return
+        where = self.absent_where[-1] if self.absent_where else None
+        version = self.release.version
+        if where == UNUSED or (
+            isinstance(where, tuple) and version is not None and where[0].contains(version, prereleases=True)
+        ):
+            self.report.optional_missing.append(use)
+            return
+        said = f"its handler says absent in vLLM {where[0]}" if isinstance(where, tuple) else "its handler says not"
+        self.problem(
+            node,
+            f"{use.what}: {why}; guarded by `except ImportError`, but {said} where vLLM {version or '(unknown)'} is"
+            " (write `# vLLM <X.Y: why` on the except line, if the release may lack it)",
+        )
 
     def _why_missing(self, module: str, name: str) -> str:
         return (
@@ -416,10 +445,7 @@ class Checker:
             if self.wanted(node):
                 self.report.checked += 1
             if self.release.module_file(alias.name) is None:
-                if guarded:
-                    self.report.optional_missing.append(Use(node.lineno, f"import {alias.name}"))
-                else:
-                    self.problem(node, f"import {alias.name}: release has no such module")
+                self.missing(node, Use(node.lineno, f"import {alias.name}"), guarded, "release has no such module")
                 continue
             scope[alias.asname or alias.name.partition(".")[0]] = Ref(
                 "module", alias.name if alias.asname else alias.name.partition(".")[0]
@@ -564,11 +590,14 @@ def check_uses(
     module_name: str = "specwake.worker",
     lines: set[int] | None = None,
     self_classes: dict[str, tuple[str, ...]] | None = None,
+    version: str | None = None,
 ) -> Report:
     """Check `source` against the release in `tree`. `module_name`: the module `source` is (for relative imports
     of a patched vLLM file); `lines`: check only uses on these lines (what a patch adds to a vLLM file);
-    `self_classes`: for a class of `source` that is not a vLLM subclass, the vLLM classes its `self` is."""
-    checker = Checker(Release(tree), lines, dict(self_classes or {}))
+    `self_classes`: for a class of `source` that is not a vLLM subclass, the vLLM classes its `self` is; `version`:
+    the release's version where its tree has no version file (a source checkout)."""
+    checker = Checker(Release(tree, version), lines, dict(self_classes or {}))
+    checker.source_lines = source.splitlines()
     module = ast.parse(source)
     checker.probed = {
         node.args[1].value
@@ -579,6 +608,24 @@ def check_uses(
     _walk_body(checker, module.body, {}, guarded=False, module_name=module_name, self_ref=None)
     checker.report.problems = list(dict.fromkeys(checker.report.problems))  # a line read twice is one problem
     return checker.report
+
+
+UNUSED = "unused"  # Checker.absent_where: a handler whose `try:` imported everything (it never runs there)
+_ABSENT_WHERE = re.compile(r"#\s*vLLM\s*((?:[<>=!~]=?\s*\d+(?:\.\d+)*\s*,?\s*)+):\s*(\S.*)$")
+
+
+def _absent_where(lines: list[str], node: ast.Try) -> tuple[SpecifierSet, str] | None:
+    """The releases a guarded import may be absent in, and why, as the `except` line of its `try:` says them:
+    `except ImportError:  # vLLM < 0.34: no extensible KV cache`. None where no handler says."""
+    for handler in node.handlers:
+        line = lines[handler.lineno - 1] if 0 < handler.lineno <= len(lines) else ""
+        said = _ABSENT_WHERE.search(line)
+        if said:
+            try:
+                return SpecifierSet(said[1].replace(" ", "")), said[2].strip()
+            except InvalidSpecifier:
+                return None
+    return None
 
 
 def _guarded_try(node: ast.Try) -> bool:
@@ -607,13 +654,19 @@ def _walk_stmt(
         return
     if isinstance(stmt, ast.Try):
         fallback = _guarded_try(stmt)
-        missing_before = len(c.report.optional_missing)
+        missing_before = (len(c.report.optional_missing), len(c.report.problems))
+        if fallback:
+            c.absent_where.append(_absent_where(c.source_lines, stmt))
         _walk_body(c, stmt.body, scope, guarded or fallback, module_name, self_ref)
         # `try: from A import x` / `except ImportError: from B import x`: where A is missing, B must be there
-        body_complete = len(c.report.optional_missing) == missing_before
+        body_complete = (len(c.report.optional_missing), len(c.report.problems)) == missing_before
         c.alternatives += fallback
+        if fallback:
+            c.absent_where[-1] = UNUSED if body_complete else None
         for handler in stmt.handlers:
             _walk_body(c, handler.body, scope, guarded or (fallback and body_complete), module_name, self_ref)
+        if fallback:
+            c.absent_where.pop()
         c.alternatives -= fallback
         _walk_body(c, stmt.orelse + stmt.finalbody, scope, guarded, module_name, self_ref)
         return

@@ -139,10 +139,11 @@ def test_each_kind_of_mismatch_is_named(tree, code, expected):
 
 
 def test_a_fallback_import_may_be_missing_but_its_alternative_may_not(tree):
-    fallback = "try:\n    from vllm.new import thing\nexcept ImportError:\n    thing = None\n"
+    fallback = "try:\n    from vllm.new import thing\nexcept ImportError:  # vLLM < 10: not yet\n    thing = None\n"
     report = check_uses(fallback, tree)
     assert report.problems == [] and [u.what for u in report.optional_missing] == ["from vllm.new import thing"]
-    both_missing = "try:\n    from vllm.new import thing\nexcept ImportError:\n    from vllm.old import thing\n"
+    both_missing = "try:\n    from vllm.new import thing\nexcept ImportError:  # vLLM < 10: moved\n"
+    both_missing += "    from vllm.old import thing\n"
     assert any("vllm.old" in p for p in problems(both_missing, tree))
     first_there = "try:\n    from vllm.loader import Loader\nexcept ImportError:\n    from vllm.old import Loader\n"
     assert problems(first_there, tree) == []
@@ -238,3 +239,36 @@ def test_a_name_a_plain_class_only_annotates_is_no_member_and_a_fields_annotatio
         """
     found = problems(code, tree)
     assert found and all("GPUModelRunner has no attribute get_model" in p for p in found), found
+
+
+@pytest.mark.parametrize(
+    ("handler", "absent_allowed"),
+    [
+        ("except ImportError:", False),  # says nothing: the release must have it
+        ("except ImportError:  # vLLM < 10.0: not yet there", True),  # 9.9.9 is one of those releases
+        ("except ImportError:  # vLLM < 9.0: not yet there", False),  # 9.9.9 is not
+        ("except ImportError:  # vLLM < 10.0", False),  # releases without a why
+    ],
+)
+def test_a_guarded_import_may_be_absent_only_where_its_handler_says_why(tree, handler, absent_allowed):
+    code = f"""
+        try:
+            from vllm.loader import load_faster
+        {handler}
+            load_faster = None
+        """
+    found = problems(code, tree)
+    if absent_allowed:
+        assert found == []
+    else:
+        assert len(found) == 1 and "vllm.loader has no load_faster; guarded by `except ImportError`" in found[0]
+
+
+def test_the_alternative_of_an_import_the_release_has_is_never_needed(tree):
+    code = """
+        try:
+            from vllm.loader import get_loader
+        except ImportError:
+            from vllm.old_loader import get_loader
+        """
+    assert problems(code, tree) == []
