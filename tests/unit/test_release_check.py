@@ -12,15 +12,18 @@ from specwake.prepare.releases import TESTED_RELEASES
 from specwake.run.metrics import GENERATION_TOKENS
 from tests.helpers.release_check import (
     METRIC_NAMES,
+    WORKER_CLASS,
     Release,
     check_flags,
     check_metrics,
     check_release,
+    check_routes_and_rpcs,
     exit_status,
     flags_passed,
     main,
     metric_in_source,
     releases_to_check,
+    routes_called,
     shipped_scenarios,
 )
 
@@ -84,3 +87,46 @@ def test_the_newest_release_is_checked_with_the_tested_ones(newest: str, extra: 
 def test_a_folder_that_is_no_vllm_tree_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--tree", str(tmp_path)]) == 2
     assert "not a vLLM source tree" in capsys.readouterr().err
+
+
+def serving_tree(
+    root: Path, *, without_route: str | None = None, worker_body: str = "def reload_weights(self): ..."
+) -> Path:
+    """A tree whose API server answers every route specwake calls (but `without_route`), each the way vLLM declares
+    one, and whose Worker has `worker_body`."""
+    routes = [r for r in routes_called() if r != without_route]
+    router = "".join(f'@router.post("{r}")\ndef handler_{i}(): ...\n' for i, r in enumerate(routes) if r != "/metrics")
+    router += 'routes = [Mount("/metrics", app)]\n' if "/metrics" in routes else ""
+    (root / "vllm" / "entrypoints" / "serve").mkdir(parents=True)
+    (root / "vllm" / "entrypoints" / "serve" / "api_router.py").write_text(router)
+    (root / "vllm" / "v1" / "worker").mkdir(parents=True)
+    (root / "vllm" / "v1" / "worker" / "gpu_worker.py").write_text(f"class Worker:\n    {worker_body}\n")
+    return root
+
+
+def test_every_route_and_worker_method_specwake_calls_is_the_releases(tmp_path: Path) -> None:
+    release = Release("9.9.9", serving_tree(tmp_path / "ok"), SCENARIOS, tmp_path)
+    (finding,) = check_routes_and_rpcs(release)
+    assert (
+        finding.failures == ()
+        and finding.counted == f"routes {len(routes_called())}/{len(routes_called())}; Worker methods 1/1"
+    )
+    assert {"/sleep", "/wake_up", "/collective_rpc", "/metrics", "/v1/completions"} <= set(routes_called())
+
+
+def test_a_route_the_api_server_lost_fails_the_release(tmp_path: Path) -> None:
+    release = Release("9.9.9", serving_tree(tmp_path / "t", without_route="/wake_up"), SCENARIOS, tmp_path)
+    (finding,) = check_routes_and_rpcs(release)
+    (failure,) = finding.failures
+    assert failure.startswith("route /wake_up (protocol.py step ") and failure.endswith(
+        "is not one of its API server's"
+    )
+
+
+@pytest.mark.parametrize("body", ["def reload_model_weights(self): ...", "reload_weights: Callable[..., None]"])
+def test_a_worker_without_the_reload_specwake_sends_by_name_fails_the_release(tmp_path: Path, body: str) -> None:
+    """The cycle's reload is a string over /collective_rpc: renamed, or only declared, it is named."""
+    release = Release("9.9.9", serving_tree(tmp_path / "t", worker_body=body), SCENARIOS, tmp_path)
+    (finding,) = check_routes_and_rpcs(release)
+    (failure,) = finding.failures
+    assert failure == f"worker method 'reload_weights' is neither specwake's extension's nor a method of {WORKER_CLASS}"
