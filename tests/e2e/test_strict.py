@@ -31,6 +31,7 @@ import pytest
 from tests.helpers.diffs import insert_after
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, variant_of
+from tests.helpers.scenario_texts import EAGLE3
 from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note, restores
 
 require_module("vllm")
@@ -73,21 +74,9 @@ WRONG_PACKED_TARGET = f"""\
 +                for n, t in loader.get_all_weights(self.vllm_config.model_config, self.get_model())
 +            )
 """
-SCENARIO = """\
+SCENARIO = f"""\
 name = "strict-eagle3"
-[server]
-model = "builtin:eagle3-llama"
-enforce_eager = true
-dtype = "float32"
-max_model_len = 512
-args = ["--seed", "0", "--max-num-seqs", "4", "--num-gpu-blocks-override", "256"]
-env = { HF_HUB_OFFLINE = "1" }
-startup_timeout_s = 300
-[speculative]
-method = "eagle3"
-model = "builtin:eagle3-llama-draft"
-num_speculative_tokens = 3
-[workload]
+{EAGLE3}[workload]
 max_tokens = 64
 repeats = 2
 warmup = 0

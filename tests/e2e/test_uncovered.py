@@ -19,6 +19,7 @@ import pytest
 
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module, variant_of
+from tests.helpers.scenario_texts import cpu_pair
 from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
 
 require_module("vllm")
@@ -26,21 +27,9 @@ require_module("vllm")
 FIX = REPO / "scenarios" / "patches" / "draft-reload.diff"
 DATA = REPO / "tests" / "data"
 PARAMETER = "model.mask_embedding"
-SCENARIO = """\
+SCENARIO = f"""\
 name = "uncovered-eagle3"
-[server]
-model = "builtin:eagle3-llama"
-enforce_eager = true
-dtype = "float32"
-max_model_len = 512
-args = ["--seed", "0", "--max-num-seqs", "4", "--num-gpu-blocks-override", "256"]
-env = { HF_HUB_OFFLINE = "1" }
-startup_timeout_s = 1200
-[speculative]
-method = "eagle3"
-model = "builtin:eagle3-llama-draft"
-num_speculative_tokens = 3
-[workload]
+{cpu_pair("builtin:eagle3-llama", "eagle3", "builtin:eagle3-llama-draft", 1200)}[workload]
 max_tokens = 64
 repeats = 2
 warmup = 0

@@ -1,6 +1,6 @@
 """Scenario TOML texts shared by tests/unit/test_scenario.py (the loader) and tests/component/test_hostile_input.py (the
 CLI): MINIMAL, the smallest valid scenario, and BAD, malformed ones as (text, key the error names, phrase it
-contains); and TINY_DRAFT_MODEL, the tables of a real CPU server that e2e scenarios share.
+contains); and `cpu_pair`, the tables of a real CPU server that e2e scenarios share.
 """
 
 from __future__ import annotations
@@ -14,22 +14,29 @@ model = "builtin:tiny-llama"
 num_speculative_tokens = 3
 """
 
-# The builtin draft_model pair as the shipped scenarios/cpu/draft-model.toml serves it, small and fast on a CPU: the
-# [server] and [speculative] tables of e2e scenarios that vary the patch (tests/e2e/test_fooled.py, test_runners.py).
-TINY_DRAFT_MODEL = """\
+
+def cpu_pair(model: str, method: str, draft: str, startup_timeout_s: int = 300) -> str:
+    """The [server] and [speculative] tables of a builtin pair as the shipped scenarios/cpu/*.toml serve it, small and
+    fast on a CPU: what e2e scenarios that vary the patch share (tests/e2e/test_fooled.py, test_runners.py,
+    test_strict.py, test_uncovered.py)."""
+    return f"""\
 [server]
-model = "builtin:tiny-llama"
+model = "{model}"
 enforce_eager = true
 dtype = "float32"
 max_model_len = 512
 args = ["--seed", "0", "--max-num-seqs", "4", "--num-gpu-blocks-override", "256"]
-env = { HF_HUB_OFFLINE = "1" }
-startup_timeout_s = 300
+env = {{ HF_HUB_OFFLINE = "1" }}
+startup_timeout_s = {startup_timeout_s}
 [speculative]
-method = "draft_model"
-model = "builtin:tiny-llama-draft"
+method = "{method}"
+model = "{draft}"
 num_speculative_tokens = 3
 """
+
+
+TINY_DRAFT_MODEL = cpu_pair("builtin:tiny-llama", "draft_model", "builtin:tiny-llama-draft")
+EAGLE3 = cpu_pair("builtin:eagle3-llama", "eagle3", "builtin:eagle3-llama-draft")
 
 BAD = [
     ("[server\nmodel=1", "", "invalid TOML"),
