@@ -341,17 +341,17 @@ def added_lines(original: str, patched: str) -> set[int]:
     return {j + 1 for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("replace", "insert") for j in range(j1, j2)}
 
 
-def worker_uses(tree: Path) -> Report:
+def worker_uses(tree: Path, version: str | None = None) -> Report:
     """specwake's worker code against the release: every module's report, merged (problems name the file)."""
     merged = Report()
     for path in WORKER:
-        report = check_uses(path.read_text(), tree)
+        report = check_uses(path.read_text(), tree, version=version)
         merged.checked += report.checked
         merged.problems += [f"{path.relative_to(REPO)}: {p}" for p in report.problems]
     return merged
 
 
-def patched_uses(patched_root: Path, patched_files: Iterable[str], tree: Path) -> Report:
+def patched_uses(patched_root: Path, patched_files: Iterable[str], tree: Path, version: str | None = None) -> Report:
     """What a patch adds or changes in each vLLM file, against the patched release (`patched_root`, the overlay)."""
     merged = Report()
     for rel_name in patched_files:
@@ -360,7 +360,7 @@ def patched_uses(patched_root: Path, patched_files: Iterable[str], tree: Path) -
         text = path.read_text()
         lines = added_lines(original.read_text(), text) if original.is_file() else None
         module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
-        report = check_uses(text, patched_root, module_name=module, lines=lines)
+        report = check_uses(text, patched_root, module_name=module, lines=lines, version=version)
         merged.checked += report.checked
         merged.problems += [f"{rel}: {p}" for p in report.problems]
         if report.checked == 0:
@@ -391,10 +391,10 @@ def check_patches_and_uses(release: Release) -> list[Finding]:
             problems.append(f"{patch.name} does not apply: {exc}")
             continue
         applied.append(patch.name)
-        report = patched_uses(overlay.root, overlay.patched_files, release.tree)
+        report = patched_uses(overlay.root, overlay.patched_files, release.tree, release.version)
         patched_checked += report.checked
         problems += [f"{patch.name}: {p}" for p in report.problems]
-    worker = worker_uses(release.tree)
+    worker = worker_uses(release.tree, release.version)
     return [
         Finding(f"patch {', '.join(applied) or 'none'}", tuple(problems)),
         Finding(
