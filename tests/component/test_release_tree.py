@@ -32,8 +32,9 @@ def planted_checkout(root: Path, tag: str | None) -> Path:
 def test_a_trees_version_is_its_version_file_else_its_newest_release_tag(tmp_path: Path) -> None:
     tree = planted_checkout(tmp_path / "tagged", "v9.8.7")
     assert tree_version(tree) == "9.8.7"
-    (tree / "vllm" / "_version.py").write_text("__version__ = version = '9.9.0.dev3+gabc'\n")
-    assert tree_version(tree) == "9.9.0.dev3+gabc"
+    built = planted_checkout(tmp_path / "built", "v9.8.7")  # a tree is read once a process: a built one of its own
+    (built / "vllm" / "_version.py").write_text("__version__ = version = '9.9.0.dev3+gabc'\n")
+    assert tree_version(built) == "9.9.0.dev3+gabc"
     with pytest.raises(TreeError, match=r"VERSION=0\.34\.0"):
         tree_version(planted_checkout(tmp_path / "untagged", None))
 

@@ -220,18 +220,15 @@ def check_routes_and_rpcs(release: Release) -> list[Finding]:
     /collective_rpc is its extension's own or a method of the release's Worker (a name sent as a string, which no
     import check sees: the cycle's own reload_weights)."""
     called, answered = routes_called(), routes_in(release.tree)
-    failures = [f"route {route} ({where}) is not one of its API server's" for route, where in sorted(called.items())
-                if route not in answered]  # fmt: skip
+    lost = [f"route {route} ({where}) is not one of its API server's" for route, where in sorted(called.items())
+            if route not in answered]  # fmt: skip
     own = extension_methods()
     worker, _ = ApiRelease(release.tree, release.version).members(WORKER_CLASS)
     sent = [m for m in WORKER_METHODS if m not in own]
     missing = [m for m in sent if m not in worker]
-    failures += [
-        f"worker method {m!r} is neither specwake's extension's nor a method of {WORKER_CLASS}" for m in missing
-    ]
-    routes_ok = len(called) - sum(r not in answered for r in called)
-    counted = f"routes {routes_ok}/{len(called)}; Worker methods {len(sent) - len(missing)}/{len(sent)}"
-    return [Finding(counted, tuple(failures))]
+    unsent = [f"worker method {m!r} is neither specwake's extension's nor a method of {WORKER_CLASS}" for m in missing]
+    counted = f"routes {len(called) - len(lost)}/{len(called)}; Worker methods {len(sent) - len(missing)}/{len(sent)}"
+    return [Finding(counted, (*lost, *unsent))]
 
 
 # What the worker's sleep does, as the release's source says it: the facts specwake's emulated discard re-implements
@@ -498,18 +495,16 @@ class TreeError(ValueError):
     pass
 
 
-_VERSION_FILE = re.compile(r"""(?m)^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""")
 _RELEASE_TAG = re.compile(r"v?(\d+\.\d+\.\d+)")
 
 
 def tree_version(tree: Path) -> str:
-    """The vLLM release a source tree is taken as: what its `vllm/_version.py` says (setuptools-scm writes it at build
-    time), else the newest release tag reachable from its checkout (`git describe`), else TreeError."""
-    version_file = tree / "vllm" / "_version.py"
-    if version_file.is_file():
-        found = _VERSION_FILE.search(version_file.read_text(encoding="utf-8", errors="replace"))
-        if found:
-            return found[1]
+    """The vLLM release a source tree is taken as: the `__version__` its `vllm/_version.py` assigns (setuptools-scm
+    writes it at build time; read as the uses check reads it), else the newest release tag reachable from its checkout
+    (`git describe`), else TreeError."""
+    written = ApiRelease(tree).version
+    if written:
+        return written
     try:
         proc = subprocess.run(
             ["git", "-C", str(tree), "describe", "--tags", "--abbrev=0", "--match", "v[0-9]*"],
