@@ -358,19 +358,21 @@ def _resolve_variant(
                 tuple(section.push_skip),
                 discard_rules=section.discard_rules or doc.cycle.discard_rules,
                 model_runner=section.model_runner or doc.server.model_runner or overrides.model_runner,
-                model_runner_from=_runner_from(name, section.model_runner, doc.server.model_runner),
+                model_runner_from=_runner_from(
+                    name, section.model_runner, doc.server.model_runner, overrides.model_runner
+                ),
                 patch_from_flag=name == "patched" and overrides.patch is not None,
             )  # fmt: skip
         )
     return resolved
 
 
-def _runner_from(variant: str, own: str | None, server: str | None) -> str:
-    """Where a variant's model runner comes from, as an error names it: its table, the server's, else --model-runner
-    (or vLLM's choice, which the server's key stands for)."""
+def _runner_from(variant: str, own: str | None, server: str | None, flag: str | None) -> str:
+    """Where a variant's model runner comes from, as an error names it: its table, else the server's, else
+    --model-runner; where nothing sets it (vLLM's choice), the server's key, the one that would."""
     if own:
         return f"variants.{variant}.model_runner"
-    return "server.model_runner" if server else "--model-runner"
+    return "--model-runner" if flag and not server else "server.model_runner"
 
 
 def _local_path(file: Path, ref: str) -> str:

@@ -146,7 +146,7 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
             raise ScenarioError(file, where, f"vLLM {version}: {problem}")
         raise ScenarioError(file, "cycle.reload", f'"{scenario.cycle.reload}": vLLM {version}: {problem}')
     if answer.get("runner_problem"):
-        key = variant.model_runner_from if variant.model_runner else "server.model_runner"
+        key = variant.model_runner_from
         asked = f'"{variant.model_runner}"' if variant.model_runner else "vLLM's choice"
         raise ScenarioError(file, key, f"{asked}: vLLM {version} refuses it: {answer['runner_problem']}")
     if answer.get("semantic_problem"):

@@ -144,6 +144,8 @@ def test_an_error_names_where_the_runner_was_set(tmp_path: Path) -> None:
     path.write_text(SCENARIO.format(server=""))
     chosen = load_scenario(path, Overrides(model_runner="v1"))
     assert [v.model_runner_from for v in chosen.variants] == ["--model-runner", "variants.v1.model_runner"]
+    vllms_choice = load_scenario(path).variants[0]  # nothing sets it: the key that would
+    assert vllms_choice.model_runner is None and vllms_choice.model_runner_from == "server.model_runner"
     path.write_text(SCENARIO.format(server='model_runner = "v1"'))
     assert [v.model_runner_from for v in load_scenario(path).variants] == [
         "server.model_runner",
