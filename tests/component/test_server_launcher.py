@@ -1,11 +1,12 @@
 """specwake's server launcher (specwake/worker/serve.py) against the way vLLM runs it: a package laid out like vLLM,
 whose `vllm.entrypoints.openai.api_server` checks its config with a CPU platform that sets spawn over the environment's
 start method (as vllm/platforms/cpu.py does), then starts its engine core with the start method the environment names
-then. Run as `-m` the server module is imported again by a spawned child; through the launcher it is not, and the
+then, and reports whether the heap it inherited is frozen. Run as `-m` the server module is imported again by a spawned child; through the launcher it is not, and the
 module still runs as the program with its own arguments. Through the launcher a start method the environment asks for
 stands; without the launcher the platform's spawn wins. Its model registry inspects a model class in a subprocess, as
 vLLM's does; through the launcher with SPECWAKE_INSPECT_IN_PROCESS=1 the inspection runs in the server's process, after
-vLLM's plugins are loaded.
+vLLM's plugins are loaded. A forked engine core inherits a frozen heap through the launcher (the garbage collector
+never walks the imported modules again), a spawned one does not (nothing inherited).
 """
 
 from __future__ import annotations
@@ -41,16 +42,19 @@ if __name__ == "__main__":
     child = context.Process(target=run_engine_core, args=(answers,))
     child.start()
     print("engine core imported the server module:", answers.get(timeout=60), flush=True)
+    print("engine core's inherited heap frozen:", answers.get(timeout=60), flush=True)
     child.join()
 """
 
 ENGINE_CORE = """
+import gc
 import sys
 
 
 def run_engine_core(answers):
     answers.put("vllm.entrypoints.openai.api_server" in sys.modules or "__mp_main__" in sys.modules
                 and getattr(sys.modules["__mp_main__"], "__file__", "").endswith("api_server.py"))
+    answers.put(gc.get_freeze_count() > 0)
 """
 
 PLATFORM = """
@@ -146,6 +150,14 @@ def test_through_the_launcher_the_start_method_asked_stands_over_the_platforms(f
     out = launch("specwake.worker.serve", fake_vllm, method)
     assert f"engine core started by: {method}" in out, out
     assert "engine core imported the server module: False" in out, out
+
+
+@pytest.mark.parametrize(("method", "frozen"), [("fork", True), ("spawn", False)])
+def test_through_the_launcher_a_forked_engine_core_inherits_a_frozen_heap(
+    fake_vllm: Path, method: str, frozen: bool
+) -> None:
+    out = launch("specwake.worker.serve", fake_vllm, method)
+    assert f"engine core's inherited heap frozen: {frozen}" in out, out
 
 
 def test_without_the_launcher_the_platform_sets_spawn_over_the_fork_asked(fake_vllm: Path) -> None:
