@@ -404,8 +404,10 @@ GONE = "gone"  # resident when fresh, now on meta or emptied
 DIFFERENCES = (REARRANGED, SIGNS, VALUES, GONE)
 # What a fingerprint compares: 1, the sum of |x| per tensor within a relative 1e-9 (an older specwake's: blind to a
 # permutation or a sign change); 2, a position-weighted digest of each tensor's bits, exactly, with sums that say how
-# a tensor differs (specwake.worker.digest). An answer without `version` is a version 1 answer.
-FINGERPRINT_VERSION = 2
+# a tensor differs (specwake.worker.digest), but tensors re-derived after loading on an accelerator by their sums
+# within 1e-9 (`by_sums`: blind to order); 3, every tensor by its digest, but those named inexact by their projection
+# within rounding, which sees order (`inexact`). An answer without `version` is a version 1 answer.
+FINGERPRINT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -414,8 +416,9 @@ class Fingerprint:
     are over parameters; `kinds` counts every judged tensor; the comparison fields are None at `after fresh`, where
     the fingerprint is kept instead, and in results of a specwake that compared nothing. `differ_names`: the first
     differing tensors (20; 5 before version 2), `differ_how` the kind of difference of each (DIFFERENCES),
-    `differ_by_how` the counts of every kind; `by_sums`: tensors compared by their sums within a tolerance, not bit for
-    bit (re-derived after loading on an accelerator)."""
+    `differ_by_how` the counts of every kind; `inexact`: tensors compared by their projection within rounding, not bit
+    for bit (named inexact: specwake.worker.tensors.INEXACT, the scenario's cycle.inexact_tensors); `by_sums` (version
+    2 only): tensors compared by their sums within a tolerance (re-derived after loading on an accelerator)."""
 
     version: int = 1
     present: bool = True
@@ -440,6 +443,7 @@ class Fingerprint:
     differ_by_kind: dict[str, int] = field(default_factory=dict)
     differ_how: dict[str, str] = field(default_factory=dict)
     differ_by_how: dict[str, int] = field(default_factory=dict)
+    inexact: int = 0
     by_sums: int = 0
     moved: int | None = None
     moved_names: list[str] = field(default_factory=list)
@@ -466,11 +470,13 @@ class Fingerprint:
             return {"present": False}
         data = asdict(self)
         data["class"] = data.pop("model_class")
+        if self.version >= 3:
+            data.pop("by_sums")  # version 2's way, never used since
         if not self.compares:
             for key in ("compared", "differ", "differ_names", "differ_by_kind", "differ_how", "differ_by_how"):
                 data.pop(key)
-            for key in ("by_sums", "moved", "moved_names"):
-                data.pop(key)
+            for key in ("inexact", "by_sums", "moved", "moved_names"):
+                data.pop(key, None)
             data.pop("moved_by_kind")
             data.pop("uncovered_differ")
             data.pop("uncovered_differ_names")

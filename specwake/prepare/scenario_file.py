@@ -254,8 +254,20 @@ class CycleSection(_Strict):
     # own. Omitted: the rules of the vLLM the variant runs.
     discard_rules: DiscardRules | None = None
     step_timeout_s: float = Field(default=300, gt=0)
+    # Tensors a reload cannot reproduce bit for bit on this hardware, by name glob (target's or drafter's), each with
+    # why: their fingerprints compare an order-sensitive projection within rounding, not their bits.
+    inexact_tensors: dict[str, str] = Field(default_factory=dict)
 
     _level = field_validator("level")(_distinct)
+
+    @field_validator("inexact_tensors")
+    @classmethod
+    def _each_says_why(cls, value: dict[str, str]) -> dict[str, str]:
+        for glob, why in value.items():
+            if not glob.strip() or not why.strip():
+                raise ValueError(f"{glob!r}: a tensor name glob, and why a reload cannot reproduce it bit for bit")
+        return value
+
     _push_to = field_validator("push_to")(_distinct)
     _reload = field_validator("reload")(_reload_kind)
 

@@ -60,12 +60,25 @@ class Fanout:
         return [a["answer"] for a in left], indices
 
 
-def fingerprint_kwargs(point: str) -> dict[str, str]:
-    return {"save_as": protocol.FRESH} if point == protocol.FRESH_POINT else {"compare_to": protocol.FRESH}
+def fingerprint_kwargs(point: str, inexact: dict[str, str] | None = None) -> dict[str, Any]:
+    """The worker's fingerprint arguments at `point`: at `after fresh` keep the readings, and which tensors are
+    inexact (the scenario's cycle.inexact_tensors, glob → why); later, compare with them."""
+    if point == protocol.FRESH_POINT:
+        return {"save_as": protocol.FRESH} | ({"inexact_tensors": inexact} if inexact else {})
+    return {"compare_to": protocol.FRESH}
 
 
-def take(client: VllmClient, cycle: int, point: str, *, timeout: float, fanout: Fanout = Fanout()) -> Diagnostic | None:
-    """Ask every worker for what this point calls for; None when the point needs nothing.
+def take(
+    client: VllmClient,
+    cycle: int,
+    point: str,
+    *,
+    timeout: float,
+    fanout: Fanout = Fanout(),
+    inexact: dict[str, str] | None = None,
+) -> Diagnostic | None:
+    """Ask every worker for what this point calls for; None when the point needs nothing. `inexact`: the scenario's
+    cycle.inexact_tensors.
 
     A failing diagnostic is recorded, never raised: the cycle's own steps decide whether the server is broken.
     """
@@ -75,7 +88,7 @@ def take(client: VllmClient, cycle: int, point: str, *, timeout: float, fanout: 
     answers: dict[str, Any] = {"cycle": cycle, "point": point}
     try:
         if wants_fp:
-            kwargs = fingerprint_kwargs(point)
+            kwargs = fingerprint_kwargs(point, inexact)
             found, engines = fanout.results(client, protocol.FINGERPRINT, timeout=timeout, kwargs=kwargs)
             answers |= {"fingerprints": found, "engines": list(engines)}
         if wants_mem:

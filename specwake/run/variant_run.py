@@ -364,7 +364,10 @@ class VariantRun:
 
     def _diagnose(self, client: VllmClient, cycle: int, point: str) -> None:
         t0 = self.clock()
-        entry = diagnose.take(client, cycle, point, timeout=self.scenario.cycle.step_timeout_s, fanout=self.fanout)
+        entry = diagnose.take(
+            client, cycle, point, timeout=self.scenario.cycle.step_timeout_s, fanout=self.fanout,
+            inexact=self.scenario.cycle.inexact_tensors,
+        )  # fmt: skip
         if entry is not None:
             self.record.diagnostics.append(entry)
         self._timed("diagnostics", self.clock() - t0)

@@ -13,8 +13,16 @@ gate and up halves swapped or a weight negated.
 **The sums** only explain a difference the digest found: Σ of the sign-cleared bits (exact, in any order: the
 multiset of magnitudes, as an integer), Σ|x| and Σx over the finite values in float64, and the count of NaN/inf. A
 tensor whose magnitudes and signed sum are as fresh holds "the same values in other places"; one whose magnitudes are
-as fresh but whose signed sum is not had "signs changed"; anything else holds "other values". Where a reload cannot
-reproduce the bytes (a tensor re-derived after loading on an accelerator) the sums are compared within a tolerance.
+as fresh but whose signed sum is not had "signs changed"; anything else holds "other values".
+
+**The projection**, for a tensor a reload truly cannot reproduce bit for bit (named, with why, as *inexact*:
+specwake.worker.tensors.inexact): Σ u(p)·x(p) in float64, u(p) a pseudo-random weight in [-1, 1) of the position (the
+digest's mix(j)·mix(b), each made a float), with its scale √Σ(u·x)². Rounding every element by a few units in the last
+place moves it by a few of those units times the scale; rows reversed, shards swapped or a matrix transposed move it by
+about the scale itself. So it is compared within PROJECTION_UNITS units of the dtype's rounding (`difference(...,
+exact=False)`; Σx likewise, and Σ|x| within one unit in the last place): it sees order, where Σ|x| and Σx cannot. A
+digest of bits rounded to fewer mantissa bits would not do: with a unit of noise on every element, some of a million
+elements always lie at a rounding boundary and flip.
 
 Read READ elements at a time, so the extra memory stays a few such integer and float buffers.
 """
@@ -23,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import torch
@@ -38,6 +46,10 @@ BLOCK_SALT = 0x5BD1E995  # keeps block b's weight apart from element b's
 READ = {"cpu": 1 << 18}
 READ_DEFAULT = 1 << 22
 REL_TOLERANCE = 1e-9  # float64 sums of the same values in another order agree far closer than this
+# An inexact tensor's projection may move by this many units of its dtype's rounding times its scale (a unit on every
+# element, at random, moves it by about one: 8 is far out in its tail); Σ|x| and Σx by one unit in the last place of
+# every element (a kernel that rounds every element the same way).
+PROJECTION_UNITS = 8
 MASK64 = (1 << 64) - 1
 BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size → the integer view of its bits
 NATIVE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # summed as they are; others via float64
@@ -108,6 +120,9 @@ class Sums:
     signed: float = 0.0
     nonfinite: int = 0
     numel: int = 0
+    projection: float | None = None  # Σ u·x, read only for an inexact tensor
+    scale: float = 0.0  # √Σ (u·x)²
+    rounding: float = 0.0  # the unit roundoff of its dtype (float64 sums of other dtypes: their own)
 
     @property
     def nonzero(self) -> bool:
@@ -121,10 +136,10 @@ class Sums:
 
     @classmethod
     @torch.no_grad()
-    def of(cls, blocks: Iterable[torch.Tensor]) -> Sums:
+    def of(cls, blocks: Iterable[torch.Tensor], *, project: bool = False) -> Sums:
         """The sums of `blocks`' values, read as one sequence in order (blocks of any size, each read in pieces of at
-        most READ elements)."""
-        reader = _Reader()
+        most READ elements); with `project`, their projection too (an inexact tensor's)."""
+        reader = _Reader(project)
         for block in blocks:
             flat = block.detach().reshape(-1)
             for piece in flat.split(READ.get(flat.device.type, READ_DEFAULT)):
@@ -135,16 +150,18 @@ class Sums:
 class _Reader:
     """The running sums of one sequence, kept on its device until the end (one sync per piece: the finite check)."""
 
-    def __init__(self) -> None:
+    def __init__(self, project: bool = False) -> None:
         self.position = 0
+        self.project = project
+        self.rounding = 0.0
         self.integers: torch.Tensor | None = None  # digest, magnitudes, nonfinite (int64)
-        self.floats: torch.Tensor | None = None  # Σ|x|, Σx (float64)
+        self.floats: torch.Tensor | None = None  # Σ|x|, Σx, Σ u·x, Σ (u·x)² (float64)
 
     def add(self, piece: torch.Tensor) -> None:
         """The next elements, 1-D."""
         if self.integers is None or self.floats is None:
             self.integers = torch.zeros(3, dtype=torch.int64, device=piece.device)
-            self.floats = torch.zeros(2, dtype=torch.float64, device=piece.device)
+            self.floats = torch.zeros(4, dtype=torch.float64, device=piece.device)
         count, size = piece.numel(), piece.element_size()
         bits = piece.view(BITS[size]) if size in BITS else piece.to(torch.float64).view(torch.int64)
         self.integers[0] += weighted(bits, self.position)
@@ -159,14 +176,35 @@ class _Reader:
             total, signed = values.abs().sum(dtype=torch.float64), values.sum(dtype=torch.float64)
         self.floats[0] += total
         self.floats[1] += signed
+        if self.project:
+            weighed = values.to(torch.float64) * unit_weights(self.position, count, piece.device)
+            self.floats[2] += weighed.sum()
+            self.floats[3] += weighed.square().sum()
+            self.rounding = max(self.rounding, unit_roundoff(piece.dtype))
         self.position += count
 
     def sums(self) -> Sums:
         if self.integers is None or self.floats is None:
             return Sums()
         digest, magnitudes, nonfinite = self.integers.tolist()
-        total, signed = self.floats.tolist()
-        return Sums(digest & MASK64, magnitudes & MASK64, float(total), float(signed), int(nonfinite), self.position)
+        total, signed, projection, square = self.floats.tolist()
+        found = Sums(digest & MASK64, magnitudes & MASK64, float(total), float(signed), int(nonfinite), self.position)
+        if not self.project:
+            return found
+        return replace(found, projection=float(projection), scale=math.sqrt(square), rounding=self.rounding)
+
+
+def unit_weights(first: int, count: int, device: torch.device) -> torch.Tensor:
+    """u(p) for positions first..first+count-1, in [-1, 1): the digest's weight mix(j)·mix(b) of each, its top 53 bits
+    made a float (NaN and inf values are zeroed before they are weighed)."""
+    positions = torch.arange(first, first + count, dtype=torch.int64, device=device)
+    ints = position_weights(device)[positions % BLOCK] * mixed((positions // BLOCK) ^ BLOCK_SALT)
+    return _shifted(ints, 11).to(torch.float64) * 2.0**-52 - 1.0
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the gap between 1 and the next value of `dtype` (0 for integers and booleans: exact)."""
+    return torch.finfo(dtype).eps / 2 if dtype.is_floating_point else 0.0
 
 
 def _close(now: float, then: float, scale: float) -> bool:
@@ -174,21 +212,29 @@ def _close(now: float, then: float, scale: float) -> bool:
 
 
 def difference(now: Sums, then: Sums, *, exact: bool = True) -> str | None:
-    """How `now` differs from `then` (REARRANGED, SIGNS, VALUES), None when it does not: by the digest when `exact`,
-    else by Σ|x| and Σx within REL_TOLERANCE (a tensor a reload re-derives with other rounding)."""
-    if exact and (now.digest, now.numel) == (then.digest, then.numel):
+    """How `now` differs from `then` (REARRANGED, SIGNS, VALUES), None when it does not: by the digest, or, not `exact`
+    (an inexact tensor, both read with their projection), by the projection, Σ|x| and Σx within rounding
+    (PROJECTION_UNITS)."""
+    projected = not exact and now.projection is not None and then.projection is not None
+    if not projected and (now.digest, now.numel) == (then.digest, then.numel):
         return None
     scale = max(abs(now.total), abs(then.total))
     if now.numel != then.numel or now.nonfinite != then.nonfinite or not math.isfinite(scale):
         return VALUES
-    same_total, same_signed = _close(now.total, then.total, scale), _close(now.signed, then.signed, scale)
-    if exact:
-        if now.magnitudes != then.magnitudes or not same_total:
+    if projected and now.projection is not None and then.projection is not None:  # (projected says so: for mypy)
+        unit = max(now.rounding, then.rounding, REL_TOLERANCE)
+        in_place = abs(now.projection - then.projection) <= PROJECTION_UNITS * unit * max(now.scale, then.scale)
+        ulp = 2 * unit * scale  # every element one unit in its last place, all the same way
+        same_total, same_signed = abs(now.total - then.total) <= ulp, abs(now.signed - then.signed) <= ulp
+        if in_place and same_signed and same_total:
+            return None
+        if not same_total:
             return VALUES
         return REARRANGED if same_signed else SIGNS
-    if same_total and same_signed:
-        return None
-    return SIGNS if same_total else VALUES
+    same_total, same_signed = _close(now.total, then.total, scale), _close(now.signed, then.signed, scale)
+    if now.magnitudes != then.magnitudes or not same_total:
+        return VALUES
+    return REARRANGED if same_signed else SIGNS
 
 
 def worst(kinds: Iterable[str | None]) -> str | None:

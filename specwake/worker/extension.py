@@ -21,7 +21,7 @@ from specwake.protocol import Chosen, Memory, PushAnswer, PushRequest, release_r
 from specwake.worker import coverage, push, transfer
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
-from specwake.worker.tensors import Reference, compared_by_sums, data_ptrs, fingerprint
+from specwake.worker.tensors import Reference, data_ptrs, fingerprint, inexact
 
 if "vllm" in sys.modules:
     # Imported by vLLM's worker (worker_base.init_worker) before it builds the worker and loads the model, which is
@@ -140,20 +140,25 @@ class SpecwakeWorkerExtension:
         return self._specwake_answer(info, answer_dir)
 
     def specwake_fingerprint(
-        self, save_as: str | None = None, compare_to: str | None = None, answer_dir: str | None = None
+        self,
+        save_as: str | None = None,
+        compare_to: str | None = None,
+        answer_dir: str | None = None,
+        inexact_tensors: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Summaries of every tensor of target and drafter, by kind. `save_as`: remember this call's digests, sums and
-        addresses under that name; `compare_to`: count the tensors that differ from the ones saved under that name
-        (each with how) and those that moved to another address since."""
+        addresses under that name, and which tensors are inexact (specwake.worker.tensors.INEXACT and the scenario's
+        `inexact_tensors`: glob → why); `compare_to`: count the tensors that differ from the ones saved under that
+        name (each with how) and those that moved to another address since."""
         runner = self._specwake_runner()
         models = named_models(runner)
         refs = self._specwake_references()
         saved = refs.get(compare_to or "", {}) if compare_to else None
-        if save_as:  # the fresh stage: which parameters no load writes, and which are compared by sums, found once
+        if save_as:  # the fresh stage: which parameters no load writes, and which tensors are inexact, found once
             self._specwake_coverage = {role: self._specwake_uncovered(runner, role, models) for role in ROLES}
-            self._specwake_by_sums = {role: compared_by_sums(models[role]) for role in ROLES}
+            self._specwake_inexact = {role: inexact(models[role], inexact_tensors or {}) for role in ROLES}
         found = getattr(self, "_specwake_coverage", {})
-        by_sums = getattr(self, "_specwake_by_sums", {})
+        projected = getattr(self, "_specwake_inexact", {})
         answer: dict[str, Any] = {}
         kept: dict[str, Reference] = {}
         for role in ROLES:
@@ -167,7 +172,7 @@ class SpecwakeWorkerExtension:
                 packed=packed_state(models[role]),
                 uncovered=uncovered,
                 coverage_error=error,
-                by_sums=by_sums.get(role, frozenset()),
+                inexact=projected.get(role, frozenset()),
             )
         if save_as:
             refs[save_as] = kept

@@ -27,6 +27,7 @@ outside the pool and outside any CUDA graph, recreated by every `process_weights
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,7 +35,6 @@ from typing import Any
 import torch
 
 from specwake.protocol import DIFFERENCES, FINGERPRINT_VERSION, GONE, KINDS, VALUES, Fingerprint
-from specwake.worker import coverage
 from specwake.worker.digest import Sums, difference, worst
 from specwake.worker.packed import PackedCopy, packed_copies, unpacked
 
@@ -116,7 +116,8 @@ def storage_key(tensor: torch.Tensor) -> tuple[int, str]:
 
 def differs(now: tuple[Sums, ...], then: tuple[Sums, ...], *, exact: bool = True) -> str | None:
     """How two readings of a tensor (its values, then those of its packed copies) differ (specwake.worker.digest's
-    kinds: the most severe of its parts), None when they agree: bit for bit when `exact`, else by sums."""
+    kinds: the most severe of its parts), None when they agree: bit for bit when `exact`, else (an inexact tensor)
+    by its projection within rounding."""
     if len(now) != len(then):
         return VALUES
     return worst(difference(a, b, exact=exact) for a, b in zip(now, then, strict=True))
@@ -139,39 +140,30 @@ class Reading:
     unpacked: int  # packed copies read back and compared
 
 
-def read(tensor: torch.Tensor, copies: list[PackedCopy]) -> Reading | None:
+def read(tensor: torch.Tensor, copies: list[PackedCopy], *, project: bool = False) -> Reading | None:
     """`tensor` and the packed copies of it the forward reads (specwake.worker.packed); None when nothing there holds
-    data (on meta, or emptied with no packed copy to read back)."""
-    own = None if tensor.is_meta or tensor.numel() == 0 else Sums.of([tensor])
-    found = [Sums.of(blocks) for blocks in map(unpacked, copies) if blocks is not None]
+    data (on meta, or emptied with no packed copy to read back). `project`: their projections too (inexact)."""
+    own = None if tensor.is_meta or tensor.numel() == 0 else Sums.of([tensor], project=project)
+    found = [Sums.of(blocks, project=project) for blocks in map(unpacked, copies) if blocks is not None]
     sums = ([own] if own is not None else []) + found
     if not sums:
         return None
     return Reading(tuple(sums), sums[0], tensor.data_ptr() if own is not None else 0, len(found))
 
 
-def rederived(model: torch.nn.Module | None) -> frozenset[str]:
-    """The tensors of `model` that loading does not write but derives after it: its plain tensor attributes, and the
-    parameters a module registered after vLLM built the model (MLA's `W_UK_T` / `W_UV`, by
-    `process_weights_after_loading`; specwake.worker.coverage.recorded, where this vLLM records what it built). On an
-    accelerator a reload may derive them with other rounding than the first load did."""
+# Tensors a reload cannot reproduce bit for bit, by name glob, each with why: compared by their projection within
+# rounding (specwake.worker.digest), not by their digest. None is known: every tensor a reload writes or re-derives
+# in vLLM 0.32-0.34 is copied, converted elementwise, or computed by the same kernel on the same inputs (MLA's W_UK_T /
+# W_UV: a view of kv_b_proj, an elementwise dequantization, or the same GEMM). A scenario names more (cycle.inexact).
+INEXACT: dict[str, str] = {}
+
+
+def inexact(model: torch.nn.Module | None, named: dict[str, str]) -> frozenset[str]:
+    """The judged tensors of `model` whose name matches a glob of INEXACT or of `named` (the scenario's)."""
     if model is None:
         return frozenset()
-    built = coverage.recorded(model) or {}
-    names = {entry.name for entry in inventory(model) if entry.kind == "attribute"}
-    for name, _ in model.named_parameters():
-        path, _, local = name.rpartition(".")
-        owned = built.get(id(model.get_submodule(path)))
-        if owned is not None and local not in owned:
-            names.add(name)
-    return frozenset(names)
-
-
-def compared_by_sums(model: torch.nn.Module | None) -> frozenset[str]:
-    """The tensors a fingerprint compares by their sums within a tolerance rather than bit for bit: on an accelerator,
-    those `rederived` (a reload may round them otherwise: other kernels, other split sizes); none on CPU, where every
-    reload of the same checkpoint measured gave the same bytes (docs/how-it-works.md, weight fingerprints)."""
-    return rederived(model) if model is not None and _on_accelerator(model) else frozenset()
+    globs = [*INEXACT, *named]
+    return frozenset(e.name for e in inventory(model) if any(fnmatch.fnmatchcase(e.name, g) for g in globs))
 
 
 def _by_kind(names: list[str], kinds: dict[str, str]) -> dict[str, int]:
@@ -187,12 +179,12 @@ def fingerprint(
     packed: tuple[int, int] = (0, 0),
     uncovered: frozenset[str] = frozenset(),
     coverage_error: str | None = None,
-    by_sums: frozenset[str] = frozenset(),
+    inexact: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Per-model summary of every judged tensor (parameters, buffers, plain attributes). `exclude`: data pointers
     owned by another model (counted as shared). `reference`: what `keep` held at an earlier call, to count the
     tensors that differ (each with how: specwake.worker.digest) and those now at another address (moved); bit for bit,
-    but those in `by_sums`, compared by their sums within a tolerance (`rederived` on an accelerator). `packed`:
+    but those in `inexact`, compared by their projections within rounding (`inexact()`). `packed`:
     (modules computing from a packed CPU copy, those whose copy is still discarded). `uncovered`: parameters no load
     writes (specwake.worker.coverage): compared apart, never counted in `differ`. A parameter the CPU build packed is
     judged by what the forward reads: the packed copy, read back (specwake.worker.packed), stands in for a parameter
@@ -203,7 +195,7 @@ def fingerprint(
     counts = dict.fromkeys(("tensors", "numel", "all_zero", "on_meta", "empty", "shared_with_target", "nonfinite"), 0)
     kinds = dict.fromkeys(KINDS, 0)
     kind_of: dict[str, str] = {}
-    total, unread, compared, unpacked_copies, summed = 0.0, 0, 0, 0, 0
+    total, unread, compared, unpacked_copies, projected = 0.0, 0, 0, 0, 0
     differ: dict[str, str] = {}  # name → how it differs
     moved: list[str] = []
     uncovered_differ: list[str] = []
@@ -219,7 +211,8 @@ def fingerprint(
         kind_of[entry.name] = entry.kind
         tensor = entry.tensor
         counts["tensors"] += entry.kind == "parameter"  # `tensors` and the counts below: parameters, as ever
-        reading = read(tensor, copies.get(entry.name, []) if entry.kind == "parameter" else [])
+        found_copies = copies.get(entry.name, []) if entry.kind == "parameter" else []
+        reading = read(tensor, found_copies, project=entry.name in inexact)
         if reading is None:
             if entry.kind == "parameter":
                 counts["on_meta" if tensor.is_meta else "empty"] += 1  # empty: no packed copy to read back either
@@ -237,8 +230,8 @@ def fingerprint(
             keep[entry.name] = (reading.parts, reading.address)
         if reference is not None and entry.name in reference:
             then_parts, then_address = reference[entry.name]
-            how = differs(reading.parts, then_parts, exact=entry.name not in by_sums)
-            summed += entry.name in by_sums
+            how = differs(reading.parts, then_parts, exact=entry.name not in inexact)
+            projected += entry.name in inexact
             if entry.name in uncovered:
                 uncovered_differ += [entry.name] if how else []
             else:
@@ -282,7 +275,7 @@ def fingerprint(
             differ_by_kind=_by_kind(names, kind_of),
             differ_how={name: differ[name] for name in names[:NAMES_KEPT]},
             differ_by_how={how: n for how in DIFFERENCES if (n := sum(1 for h in differ.values() if h == how))},
-            by_sums=summed,
+            inexact=projected,
             moved=len(moved),
             moved_names=moved[:NAMES_SHOWN],
             moved_by_kind=_by_kind(moved, kind_of),

@@ -1,12 +1,13 @@
 """specwake's server launcher (specwake/worker/serve.py) against the way vLLM runs it: a package laid out like vLLM,
 whose `vllm.entrypoints.openai.api_server` checks its config with a CPU platform that sets spawn over the environment's
 start method (as vllm/platforms/cpu.py does), then starts its engine core with the start method the environment names
-then, and reports whether the heap it inherited is frozen. Run as `-m` the server module is imported again by a spawned child; through the launcher it is not, and the
-module still runs as the program with its own arguments. Through the launcher a start method the environment asks for
-stands; without the launcher the platform's spawn wins. Its model registry inspects a model class in a subprocess, as
-vLLM's does; through the launcher with SPECWAKE_INSPECT_IN_PROCESS=1 the inspection runs in the server's process, after
-vLLM's plugins are loaded. A forked engine core inherits a frozen heap through the launcher (the garbage collector
-never walks the imported modules again), a spawned one does not (nothing inherited).
+then, and reports whether the heap it inherited is frozen. Run as `-m` the server module is imported again by a spawned
+child; through the launcher it is not, and the module still runs as the program with its own arguments. Through the
+launcher a start method the environment asks for stands; without the launcher the platform's spawn wins. Its model
+registry inspects a model class in a subprocess, as vLLM's does; through the launcher with SPECWAKE_INSPECT_IN_PROCESS=1
+the inspection runs in the server's process, after vLLM's plugins are loaded. A forked engine core inherits a frozen
+heap through the launcher (the garbage collector never walks the imported modules again), a spawned one does not
+(nothing inherited).
 """
 
 from __future__ import annotations

@@ -227,3 +227,16 @@ def test_min_repeats_defaults_to_two_or_repeats_and_may_not_exceed_repeats(tmp_p
         assert result.exit_code == 2, argv[0]
         assert f"{over}: workload.min_repeats: must be at most workload.repeats (3)" in result.output, argv[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_inexact_tensors_each_say_why_and_reach_the_fresh_fingerprint_only(tmp_path: Path) -> None:
+    from specwake.run.diagnose import fingerprint_kwargs
+
+    named = '[cycle]\ninexact_tensors = { "model.layers.*.W_UK_T" = "another GEMM on this GPU" }\n'
+    s = load_scenario(write(tmp_path, MINIMAL + named))
+    assert s.cycle.inexact_tensors == {"model.layers.*.W_UK_T": "another GEMM on this GPU"}
+    assert fingerprint_kwargs("after fresh", s.cycle.inexact_tensors)["inexact_tensors"] == s.cycle.inexact_tensors
+    assert "inexact_tensors" not in fingerprint_kwargs("after reload", s.cycle.inexact_tensors)
+    assert "inexact_tensors" not in fingerprint_kwargs("after fresh", {})
+    with pytest.raises(ScenarioError, match=r"cycle\.inexact_tensors.*why a reload cannot reproduce it"):
+        load_scenario(write(tmp_path, MINIMAL + '[cycle]\ninexact_tensors = { "lm_head.weight" = " " }\n', "b.toml"))
