@@ -1,12 +1,21 @@
 """What a scenario may expect, and the defaults it gets when it says nothing: the vocabulary of `[expect]`, shared by
 the scenario format (specwake.prepare.scenario_file) and the decisions (specwake.judge.verdict). Decides nothing itself.
+
+An expectation is one of EXPECTATIONS, or a set of outcomes where vLLM's code leaves more than one possible (the
+allocator's layout decides between them): a TOML list such as `["collapse", "degraded"]`, recorded, printed and judged
+as its members in SET_OUTCOMES order joined by `|` ("collapse|degraded").
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 EXPECTATIONS = ("recover", "collapse", "corrupt", "crash", "any")
+# The outcomes a set may name: those a judged variant can have (not error, untested or floor, which no expectation
+# accepts, nor any, which is no outcome).
+SET_OUTCOMES = ("recover", "collapse", "corrupt", "crash", "degraded")
+SET_SEPARATOR = "|"
 COLLAPSE_AL = 1.05  # AL at or below this after a cycle means (almost) every draft was rejected
 DEFAULT_TOLERANCE = 0.05  # [expect] tolerance when a scenario sets none
 DEFAULT_MIN_SPEEDUP = 0.9  # [expect] min_speedup_recovery when a scenario sets none
@@ -22,3 +31,42 @@ class Limits:
     # A tensor the reload put at a new address is a finding: a CUDA graph captured before the sleep still reads the
     # old one. False only for a scenario that never captures graphs (server.enforce_eager).
     graph_safe: bool = True
+
+
+def expectation_text(raw: object) -> str:
+    """An [expect] value as written in a scenario, as specwake records, prints and judges it: one of EXPECTATIONS
+    as is, a list of two or more distinct outcomes of SET_OUTCOMES as its members in that order joined by '|'.
+    ValueError with a one-line reason (the caller adds file and key) for anything else."""
+    if not isinstance(raw, list):
+        if isinstance(raw, str) and raw in EXPECTATIONS:
+            return raw
+        raise ValueError(f"must be one of {', '.join(EXPECTATIONS)}, or a list of outcomes (got {raw!r})")
+    names = ", ".join(SET_OUTCOMES)
+    if len(raw) < 2:
+        what = "an empty list" if not raw else f"a list of one ({raw[0]!r})"
+        alone = "; write it as a string" if raw and raw[0] in EXPECTATIONS else ""
+        raise ValueError(f"{what}: a list names two or more outcomes of {names}{alone}")
+    for member in raw:
+        if member not in SET_OUTCOMES:
+            close = difflib.get_close_matches(str(member), SET_OUTCOMES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ValueError(f"{member!r} is not an outcome a list may name ({hint}one of {names})")
+        if raw.count(member) > 1:
+            raise ValueError(f"{member!r} is named twice")
+    return SET_SEPARATOR.join(o for o in SET_OUTCOMES if o in raw)
+
+
+def accepted(expected: str) -> tuple[str, ...] | None:
+    """The outcomes a recorded expectation accepts (expectation_text's form); None for `any`, which accepts every
+    tested outcome. ValueError for one that is not such a form."""
+    if expected == "any":
+        return None
+    if expected in EXPECTATIONS:
+        return (expected,)
+    members = expected.split(SET_SEPARATOR)
+    if len(members) > 1 and all(m in SET_OUTCOMES for m in members):
+        return tuple(members)
+    raise ValueError(
+        f"unknown expectation {expected!r} (one of {', '.join(EXPECTATIONS)}, or outcomes of"
+        f" {', '.join(SET_OUTCOMES)} joined by {SET_SEPARATOR!r})"
+    )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_PASS
 from specwake.judge.crashes import ERROR_CLASSES
-from specwake.judge.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, DEFAULT_TOLERANCE, EXPECTATIONS, Limits
+from specwake.judge.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, DEFAULT_TOLERANCE, Limits, accepted
 from specwake.judge.speed import SpeedCall, speed_call
 from specwake.judge.weights import moved
 from specwake.protocol import ROLES
@@ -252,14 +252,14 @@ def engine_stages(stages: Sequence[StageResult], engine: str) -> list[StageResul
 
 
 def outcome_matches(outcome: str, expected: str) -> bool:
-    """Whether an outcome meets its expectation; `any` matches everything but `error` and `untested`."""
+    """Whether an outcome meets its expectation: the outcome itself, one of a set of outcomes ("collapse|degraded"),
+    or `any`, which matches everything but `error` and `untested`."""
     if outcome not in OUTCOMES:
         raise ValueError(f"unknown outcome {outcome!r} (one of {', '.join(OUTCOMES)})")
-    if expected not in EXPECTATIONS:
-        raise ValueError(f"unknown expectation {expected!r} (one of {', '.join(EXPECTATIONS)})")
+    members = accepted(expected)
     if outcome in NOT_TESTED:
         return False
-    return expected == "any" or outcome == expected
+    return members is None or outcome in members
 
 
 def decide_verdict(variants: Sequence[tuple[str, bool]]) -> str:

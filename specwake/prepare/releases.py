@@ -11,7 +11,7 @@ Pure: no vLLM import, no file or network access (tests/helpers/releases.py downl
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -23,6 +23,7 @@ from packaging.version import InvalidVersion, Version
 TESTED_RELEASES: tuple[str, ...] = ("0.32.0", "0.33.0", "0.34.0")
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 def series(version: str) -> tuple[int, int]:
@@ -90,6 +91,10 @@ class ByRelease(Generic[T]):
             if len(hits) > 1:
                 raise ValueError(f"vLLM {release} matches both {hits[0]!r} and {hits[1]!r}")
         return keyed
+
+    def map(self, convert: Callable[[T], U]) -> ByRelease[U]:
+        """The same table with each value converted (ValueError from `convert` passes through)."""
+        return ByRelease(tuple((text, convert(value)) for text, value in self.choices))
 
     @property
     def varies(self) -> bool:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from specwake.errors import ScenarioError
 from specwake.files import what_it_is
-from specwake.judge.expectations import DEFAULT_TOLERANCE, Limits
+from specwake.judge.expectations import DEFAULT_TOLERANCE, Limits, expectation_text
 from specwake.prepare.prompts import BUILTIN_PROMPTS
 from specwake.prepare.releases import ByRelease
 from specwake.prepare.scenario_file import (
@@ -338,7 +338,7 @@ def _resolve_variant(
     resolved = []
     for level in levels:
         full = name if len(levels) == 1 else f"{name}-L{level}"
-        expected = ByRelease.parse(doc.expect.get(full, doc.expect.get(name, "any")))
+        expected = ByRelease.parse(doc.expect.get(full, doc.expect.get(name, "any"))).map(expectation_text)
         if not section.speculative and expected.values() != ["any"]:
             raise ScenarioError(
                 shown, f"expect.{name}", f"{name!r} runs without speculation (the floor): measured, not judged"

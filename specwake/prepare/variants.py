@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -191,10 +191,47 @@ def _release_at_least(version: str, since: str) -> bool:
         return False
 
 
-def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo) -> Variant:
+# How vLLM reloads a model's weights in place, from the server's environment, since 0.34: "layerwise" (the default)
+# rebuilds each layer from the checkpoint, "direct" writes into the live tensors (vllm/envs.py 0.34:2300-2305;
+# start_reload / finish_reload, model_loader/reload/lifecycle.py 0.34:26-45). The drafter's reload in the shipped fix
+# and in specwake's push (specwake/worker/draft_load.py) is layerwise whatever it says.
+RELOAD_MODE = "VLLM_RELOAD_MODE"
+RELOAD_MODES = ("layerwise", "direct")
+RELOAD_MODE_SINCE = "0.34"
+
+
+def reload_mode_problem(
+    scenario: Scenario, variant: Variant, version: str, environ: Mapping[str, str]
+) -> tuple[str, str] | None:
+    """(key, reason) where the variant's server would run with a VLLM_RELOAD_MODE its release reads and specwake
+    refuses: `direct`, where the target would reload in place while the drafter reloads layerwise, a mixed reload
+    nothing has tested; or a value vLLM itself refuses at start. The value is the one the server gets (build_server_env:
+    the variant's env over the server's over specwake's own environment, which the allow-list passes on)."""
+    table = variant.name.removesuffix(f"-L{variant.level}") if len(scenario.cycle.levels) > 1 else variant.name
+    places = (
+        (f"variants.{table}.env.{RELOAD_MODE}", variant.env),
+        (f"server.env.{RELOAD_MODE}", scenario.server.env),
+        (f"{RELOAD_MODE} in specwake's environment, which every server inherits", environ),
+    )
+    key, value = next(((k, env[RELOAD_MODE]) for k, env in places if RELOAD_MODE in env), ("", None))
+    if value is None or not _release_at_least(version, RELOAD_MODE_SINCE):
+        return None
+    if value == "direct":
+        return key, (
+            f'"direct": vLLM {version} would reload the target in place while the drafter\'s reload (the reference'
+            " fix's, specwake's push) stays layerwise: an untested mixed reload; leave it unset or \"layerwise\""
+        )
+    if value not in RELOAD_MODES:
+        choices = " or ".join(f'"{m}"' for m in RELOAD_MODES)
+        return key, f"{value!r}: vLLM {version} accepts only {choices} (vllm/envs.py): its server would not start"
+    return None
+
+
+def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo, environ: Mapping[str, str]) -> Variant:
     """The variant as its interpreter's vLLM runs it: the patch and expectation for that release. ScenarioError
-    (exit 2) when the scenario's table has no value for it, or it asks for a model runner the release does not
-    have."""
+    (exit 2) when the scenario's table has no value for it, it asks for a model runner the release does not have, or
+    its server would get a reload mode specwake refuses (reload_mode_problem; `environ`: specwake's own
+    environment)."""
     try:
         resolved = variant.for_release(engine.vllm_version)
     except NoReleaseValue as exc:
@@ -203,6 +240,9 @@ def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo) -> Vari
         key = variant.model_runner_from
         reason = f'"v1": vLLM {engine.vllm_version} has no V1 model runner (none since {NO_V1_RUNNER_SINCE}); use "v2"'
         raise ScenarioError(str(scenario.file), key, reason)
+    refused = reload_mode_problem(scenario, variant, engine.vllm_version, environ)
+    if refused is not None:
+        raise ScenarioError(str(scenario.file), *refused)
     return resolved
 
 
@@ -231,7 +271,7 @@ def prepare(
             events(Event(f"probing vLLM in {python}"))
             engines[python] = probe_engine(python, cache)
         engine = engines[python]
-        variant = for_engine(scenario, variant, engine)
+        variant = for_engine(scenario, variant, engine, os.environ)
         model = resolve_model_ref(scenario.server.model, python, cache)
         draft_ref = scenario.speculative.get("model")
         draft = resolve_model_ref(draft_ref, python, cache) if is_builtin(draft_ref) else None

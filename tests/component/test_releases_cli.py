@@ -109,3 +109,24 @@ def test_an_untested_release_is_said_in_one_line_and_changes_no_exit_status(engi
         assert ", ".join(TESTED_RELEASES) in said[0]
     assert "(untested release; tested: " in check.stdout
     assert variant(result_of(out), "patched")["outcome"] == "recover"
+
+
+def test_direct_reload_mode_is_refused_on_a_release_that_reads_it_and_passed_through_on_one_that_does_not(
+    engine: FakeEngine, tmp_path: Path
+) -> None:
+    """VLLM_RELOAD_MODE=direct in specwake's environment (the allow-list hands it to every server): vLLM 0.34 would
+    reload the target in place and the drafter layerwise, so check and run stop before anything starts; 0.33 does not
+    read it."""
+    path = scenario(released(engine, "0.34.0"), tmp_path)
+    for command in (["check"], ["run", "--output", str(tmp_path / "out")]):
+        proc = run_cli([*command, str(path)], tmp_path / "cache", VLLM_RELOAD_MODE="direct")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith(
+            f'error: {path}: VLLM_RELOAD_MODE in specwake\'s environment, which every server inherits: "direct":'
+            " vLLM 0.34.0 would reload the target in place while the drafter's reload"
+        ), proc.stderr
+    assert engine.launched() == [] and not (tmp_path / "out").exists()
+    older = scenario(released(engine, "0.33.0"), tmp_path)
+    proc = run_cli(["check", str(older)], tmp_path / "cache-0.33", VLLM_RELOAD_MODE="direct")
+    assert proc.returncode == 0, proc.stdout + proc.stderr

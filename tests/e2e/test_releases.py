@@ -25,6 +25,7 @@ from specwake.prepare.overlay import Overlay, build_overlay
 from specwake.prepare.plan import DYNAMO_DISABLE, EXECUTOR_FLAG, START_METHOD, data_parallel_rank_flags
 from specwake.prepare.releases import TESTED_RELEASES, series
 from specwake.prepare.server_args import RESERVED_FLAGS
+from specwake.prepare.variants import RELOAD_MODE, RELOAD_MODE_SINCE, RELOAD_MODES
 from tests.helpers.paths import REPO
 from tests.helpers.procs import launch_env
 from tests.helpers.release_check import (
@@ -368,6 +369,50 @@ def test_the_cpu_platform_sets_spawn_over_the_start_method_asked_which_every_eng
     assert f'"{START_METHOD}": env_with_choices(' in envs and "value = os.getenv(env_name)" in envs, version
     for starter in ("v1/engine/utils.py", "v1/engine/coordinator.py", "v1/executor/multiproc_executor.py"):
         assert "context = get_mp_context()" in (vllm / starter).read_text(), (version, starter)
+
+
+def _env_entry(envs: ast.Module, name: str) -> ast.Call | None:
+    """The call that reads environment variable `name` in vllm/envs.py's table of variables, if the table has one."""
+    for node in ast.walk(envs):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value == name and isinstance(value, ast.Call):
+                    return value
+    return None
+
+
+def _functions(path: Path) -> dict[str, str]:
+    """A module's top-level functions, each as ast.unparse writes it."""
+    return {n.name: ast.unparse(n) for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+
+
+def test_the_reload_mode_specwake_refuses_is_read_by_the_releases_it_names_and_the_drafter_reloads_layerwise(release):
+    """specwake.prepare.variants.RELOAD_MODE: from RELOAD_MODE_SINCE on, vllm/envs.py reads it with the choices
+    RELOAD_MODES (case-sensitive, layerwise the default), and every in-place reload_weights begins and finishes its
+    reload in that mode (start_reload / finish_reload, each branching on direct_reload_enabled); before, no file of
+    the release names it. The drafter's reload in the shipped fix and specwake's push (draft_load.py) is layerwise
+    whatever it says: the mixed reload specwake refuses."""
+    version, tree = release
+    vllm = tree / "vllm"
+    if series(version) < series(RELOAD_MODE_SINCE):
+        assert not [p for p in vllm.rglob("*.py") if RELOAD_MODE in p.read_text(errors="replace")], version
+        return
+    call = _env_entry(ast.parse((vllm / "envs.py").read_text()), RELOAD_MODE)
+    assert call is not None and ast.unparse(call.func) == "env_with_choices", version
+    name, default, choices = (ast.literal_eval(a) for a in call.args)
+    assert (name, default, tuple(choices), call.keywords) == (RELOAD_MODE, "layerwise", RELOAD_MODES, []), version
+    reload = vllm / "model_executor" / "model_loader" / "reload"
+    direct = _functions(reload / "direct.py")["direct_reload_enabled"]
+    assert direct.endswith(f"\n    return envs.{RELOAD_MODE} == 'direct'"), version
+    lifecycle = _functions(reload / "lifecycle.py")
+    assert "if direct_reload_enabled():\n        begin_direct_reload(model)" in lifecycle["start_reload"], version
+    assert "initialize_layerwise_reload(model)" in lifecycle["start_reload"], version
+    assert "if direct_reload_enabled():\n        finish_direct_reload(" in lifecycle["finish_reload"], version
+    inplace = ast.unparse(ast.parse((reload / "inplace.py").read_text()))
+    assert inplace.index("start_reload(model)") < inplace.index("finish_reload(model, model_config, device)"), version
+    drafter = (REPO / "specwake" / "worker" / "draft_load.py").read_text()
+    assert "initialize_layerwise_reload(draft_model)" in drafter and "finalize_layerwise_reload(" in drafter
+    assert "start_reload" not in drafter and "direct_reload" not in drafter and RELOAD_MODE not in drafter
 
 
 def test_an_unseen_model_class_is_inspected_by_a_module_function_which_the_launcher_may_run_in_process(release):

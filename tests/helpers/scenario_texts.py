@@ -148,4 +148,11 @@ BAD = [
     (MINIMAL + "[expect]\ngraph_safe = 1\n", "expect.graph_safe", "true or false"),
     (MINIMAL + "[workload]\nmax_tokens = 1\n", "workload.max_tokens", "at least 2: the prefill makes the first"),
     (MINIMAL + "[workload]\nwarmup_tokens = 1\n", "workload.warmup_tokens", "the first bets have no step"),
+    (MINIMAL + "[expect]\nbaseline = []\n", "expect.baseline", "an empty list"),
+    (MINIMAL + "[expect]\nbaseline = ['collapse', 'degradd']\n", "expect.baseline", "did you mean 'degraded'?"),
+    (
+        MINIMAL + "[expect]\nbaseline = { '<0.34' = 'collapse', '>=0.34' = ['collapse', 'any'] }\n",
+        "expect.baseline",
+        "'any' is not an outcome a list may name",
+    ),
 ]

