@@ -26,7 +26,7 @@ from specwake.prepare.plan import (
     node_launch,
     resolve_discard,
 )
-from specwake.prepare.releases import is_tested, series, tested_span
+from specwake.prepare.releases import is_tested, release_at_least, tested_span
 from specwake.prepare.scenario import NoReleaseValue, Scenario, Variant
 from specwake.prepare.validate import validate_variants
 from specwake.protocol import release_rules
@@ -183,14 +183,6 @@ def untested_releases(prepared: Sequence[Sequence[PreparedVariant]]) -> list[str
 NO_V1_RUNNER_SINCE = "0.34"
 
 
-def _release_at_least(version: str, since: str) -> bool:
-    """Whether `version` is of series `since` or later; False for a version that cannot be read."""
-    try:
-        return series(version) >= series(since)
-    except ValueError:
-        return False
-
-
 def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo) -> Variant:
     """The variant as its interpreter's vLLM runs it: the patch and expectation for that release. ScenarioError
     (exit 2) when the scenario's table has no value for it, or it asks for a model runner the release does not
@@ -199,7 +191,7 @@ def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo) -> Vari
         resolved = variant.for_release(engine.vllm_version)
     except NoReleaseValue as exc:
         raise ScenarioError(str(scenario.file), exc.key, exc.reason) from None
-    if variant.model_runner == "v1" and _release_at_least(engine.vllm_version, NO_V1_RUNNER_SINCE):
+    if variant.model_runner == "v1" and release_at_least(engine.vllm_version, NO_V1_RUNNER_SINCE):
         key = variant.model_runner_from
         reason = f'"v1": vLLM {engine.vllm_version} has no V1 model runner (none since {NO_V1_RUNNER_SINCE}); use "v2"'
         raise ScenarioError(str(scenario.file), key, reason)
