@@ -91,9 +91,12 @@ class Spread:
         return -(-weights.other // self.tp) + -(-weights.experts // self.expert_ranks)
 
     def says(self, weights: Weights) -> str:
+        """`32.00 GiB over TP 2`, or with experts spread apart `684.78 GiB: experts 619.58 GiB over 8 ranks, …`."""
+        total = gib(weights.experts + weights.other)
         if weights.experts and self.expert_ranks != self.tp:
-            return f"experts {gib(weights.experts)} over {self.expert_ranks} ranks, the rest over TP {self.tp}"
-        return f"over TP {self.tp}" if self.tp > 1 else "on one GPU"
+            experts = f"experts {gib(weights.experts)} over {self.expert_ranks} ranks"
+            return f"{total}: {experts}, the rest over TP {self.tp}"
+        return f"{total} over TP {self.tp}" if self.tp > 1 else f"{total} on one GPU"
 
 
 def spread(scenario: Scenario, tp: int) -> Spread:
@@ -164,7 +167,7 @@ def estimate(scenario: Scenario, prep: PreparedVariant) -> Estimate | str:
         return f"target {target}"
     layout = spread(scenario, server.tensor_parallel_size)
     weights = layout.per_gpu(target)
-    how = f"target {gib(target.experts + target.other)} {layout.says(target)}"
+    how = f"target {layout.says(target)}"
     draft = own_draft_model(scenario, prep.draft_model) if prep.variant.speculative else None
     if draft is not None:
         drafter = read_weights(draft, element)
@@ -172,7 +175,7 @@ def estimate(scenario: Scenario, prep: PreparedVariant) -> Estimate | str:
             return f"drafter {drafter}"
         draft_layout = spread(scenario, int(scenario.speculative.get("draft_tensor_parallel_size") or layout.tp))
         weights += draft_layout.per_gpu(drafter)
-        how += f" + drafter {gib(drafter.experts + drafter.other)} {draft_layout.says(drafter)}"
+        how += f" + drafter {draft_layout.says(drafter)}"
     keys = "server.tensor_parallel_size"
     if target.experts and layout.expert_ranks != layout.tp:
         keys += " or server.data_parallel_size (the experts)"

@@ -156,5 +156,6 @@ def test_deepseek_v3_dp8_ep_is_refused_on_8x80gb_and_fits_on_8x141gb(tmp_path: P
         assert problem is not None and f"its weights, {gib(found.weights)} per GPU" in problem
         assert "server.tensor_parallel_size or server.data_parallel_size (the experts)" in problem
         assert line.endswith("— does not fit") and "gpu_memory_utilization 0.9" in line
+        assert f"    memory: {line}\n" in (REPO / "docs" / "how-it-works.md").read_text()  # the docs' example
         h200 = [GpuMemory(g, free=140 * 10**9, total=141 * 10**9) for g in range(8)]
         assert judge(found, h200)[1] is None
