@@ -215,14 +215,16 @@ class GpuMemory:
 
 def gpu_memory(python: str, gpus: Sequence[int], timeout_s: float = 120.0) -> list[GpuMemory] | str:
     """Free and total memory of each of `gpus`, asked now through `python`'s torch (never cached: it changes); or why
-    it could not be read."""
+    it could not be read. GPU i is the one a server given index i gets: numbered in PCI bus order, as specwake starts
+    its servers (plan.build_server_env), unless CUDA_DEVICE_ORDER says otherwise."""
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **_child_env()}
     try:
         proc = subprocess.run(
             [python, "-c", _MEMORY_PROBE, *map(str, gpus)],
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            env=_child_env(),
+            env=env,
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
