@@ -11,9 +11,11 @@ the KV cache, none of which is estimated (vLLM sizes its KV cache from what it m
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from specwake.errors import PlatformMismatch
@@ -26,6 +28,7 @@ from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant
 
 GIB = 1 << 30
+SAFETENSORS_INDEX = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME, what vLLM's loader reads
 EXPERTS = ".experts."  # a routed expert's tensor (model.layers.N.mlp.experts.E.…); shared_experts are not routed
 FLOATING = {"F16", "BF16", "F32", "F64"}  # safetensors dtypes vLLM casts to the model's dtype as it loads them
 # On a GPU vLLM's dtype "auto" keeps a 16-bit checkpoint's dtype and downcasts a float32 one to 16 bits
@@ -63,6 +66,18 @@ def tensor_bytes(entry: Mapping[str, Any], element: int) -> int:
     return int(end) - int(start)
 
 
+def loaded_files(files: list[Path]) -> list[Path]:
+    """The safetensors files vLLM's loader reads of a folder's: those its index's weight_map names where it has one
+    (a repository may also ship a consolidated copy: vllm/model_executor/model_loader/weight_utils.py
+    filter_duplicate_safetensors_files, 0.34:620-645), else all."""
+    folder = files[0].parent
+    try:
+        named = {folder / name for name in json.loads((folder / SAFETENSORS_INDEX).read_text())["weight_map"].values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return files
+    return [file for file in files if file in named]
+
+
 def read_weights(model: str, element: int) -> Weights | str:
     """A model's weights from its safetensors headers on this machine (never a download); or why they are unknown."""
     files = safetensors_files(model)
@@ -70,7 +85,7 @@ def read_weights(model: str, element: int) -> Weights | str:
         return f"{model}: {files}"
     experts = other = 0
     try:
-        for file in files:
+        for file in loaded_files(files):
             for name, entry in safetensors_header(file).items():
                 size = tensor_bytes(entry, element)
                 experts, other = (experts + size, other) if EXPERTS in name else (experts, other + size)

@@ -4,6 +4,7 @@ DeepSeek-V3 DP 8 + EP laid out from its real shapes refused on 8 × 80 GB and he
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from specwake.prepare.engine import EngineInfo, GpuMemory
@@ -67,7 +68,15 @@ def test_weights_come_from_the_headers_routed_experts_apart_floating_point_at_th
     for element in (2, 4):  # bfloat16 and float32 alike become the model's dtype
         other = sum(numel(shape) * element for _, shape in DENSE.values())
         assert read_weights(str(folder), element) == Weights(experts, other)
+    other_16 = sum(numel(shape) * 2 for _, shape in DENSE.values())
     assert "not on this machine" in str(read_weights(str(tmp_path / "absent"), 2))
+    # a consolidated copy beside the sharded files: vLLM reads only the files the index names
+    write_header(folder / "consolidated.safetensors", {**EXPERT, **DENSE})
+    assert read_weights(str(folder), 2) != Weights(experts, other_16)
+    files = {"model-00001-of-00002.safetensors": EXPERT, "model-00002-of-00002.safetensors": DENSE}
+    shards = {name: file for file, names in files.items() for name in names}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": shards}))
+    assert read_weights(str(folder), 2) == Weights(experts, other_16)
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "a.safetensors").write_bytes(b"\x01")
     assert "too short" in str(read_weights(str(tmp_path / "junk"), 2))
