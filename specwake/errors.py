@@ -8,7 +8,7 @@ SpecwakeError                      (base, never raised directly)
 ├── InfraError            exit 3   the machine cannot run what was asked
 │   ├── EngineMissing              vLLM is not importable in the variant's interpreter
 │   ├── StartupFailed              a server exited or never became ready (log tail attached)
-│   ├── PlatformMismatch           e.g. real L2 sleep on a CPU build, more TP ranks than GPUs
+│   ├── PlatformMismatch           e.g. real L2 sleep on a CPU build, more TP ranks than GPUs, weights no GPU holds
 │   └── ResultsUnwritable          the results folder cannot be created or written
 ├── ServerFault                    a running server failed us (becomes a `crash` outcome)
 │   ├── RequestFailed              a request or cycle step answered non-2xx or broke the connection
@@ -73,7 +73,8 @@ class StartupFailed(InfraError):
 
 
 class PlatformMismatch(InfraError):
-    """E.g. real L2 sleep asked on a CPU build, or more tensor-parallel ranks than GPUs."""
+    """E.g. real L2 sleep asked on a CPU build, more tensor-parallel ranks than GPUs, or weights that cannot fit the
+    GPUs' memory (specwake.prepare.memory)."""
 
 
 class ResultsUnwritable(InfraError):

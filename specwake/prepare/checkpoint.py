@@ -15,6 +15,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specwake.errors import ScenarioError
 from specwake.events import Event, Events
@@ -27,8 +28,9 @@ MAX_HEADER = 512 * 1024 * 1024  # a safetensors header longer than this is no he
 WORDS = {"target": "target", "draft": "drafter"}
 
 
-def safetensors_names(file: Path) -> list[str]:
-    """The tensor names in a safetensors file's header, in its order; ValueError when it is no safetensors file."""
+def safetensors_header(file: Path) -> dict[str, Any]:
+    """A safetensors file's header: each tensor's name → its dtype, shape and data_offsets, in the file's order (its
+    `__metadata__` left out); ValueError when it is no safetensors file."""
     with file.open("rb") as handle:
         head = handle.read(8)
         if len(head) != 8:
@@ -42,7 +44,12 @@ def safetensors_names(file: Path) -> list[str]:
             raise ValueError(f"{file}: its safetensors header is not JSON") from None
     if not isinstance(header, dict):
         raise ValueError(f"{file}: its safetensors header is not a JSON object")
-    return [name for name in header if name != "__metadata__"]
+    return {name: entry for name, entry in header.items() if name != "__metadata__"}
+
+
+def safetensors_names(file: Path) -> list[str]:
+    """The tensor names in a safetensors file's header, in its order; ValueError when it is no safetensors file."""
+    return list(safetensors_header(file))
 
 
 @dataclass(frozen=True)
@@ -69,14 +76,20 @@ def _folder(model: str) -> Path | None:
     return folder if folder.is_dir() else cached_snapshot(model)
 
 
-def read_checkpoint(role: str, model: str) -> Checkpoint:
-    """Every tensor name of a model's safetensors files, sorted."""
+def safetensors_files(model: str) -> list[Path] | str:
+    """A model's safetensors files on this machine, sorted; or why there are none here (never a download)."""
     folder = _folder(model)
     if folder is None:
-        return Checkpoint(role, model, problem="not on this machine (no local folder or cached snapshot)")
+        return "not on this machine (no local folder or cached snapshot)"
     files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        return Checkpoint(role, model, problem=f"no safetensors files in {folder}")
+    return files or f"no safetensors files in {folder}"
+
+
+def read_checkpoint(role: str, model: str) -> Checkpoint:
+    """Every tensor name of a model's safetensors files, sorted."""
+    files = safetensors_files(model)
+    if isinstance(files, str):
+        return Checkpoint(role, model, problem=files)
     names: set[str] = set()
     try:
         for file in files:
@@ -86,14 +99,21 @@ def read_checkpoint(role: str, model: str) -> Checkpoint:
     return Checkpoint(role, model, tuple(sorted(names)))
 
 
+def own_draft_model(scenario: Scenario, draft_model: str | None) -> str | None:
+    """The drafter's own checkpoint as the server loads it (`draft_model`: a builtin one resolved), or None where the
+    scenario names none: the drafter is then in the target's checkpoint (MTP), or has no model (n-gram methods)."""
+    draft = draft_model or scenario.speculative.get("model")
+    return draft if isinstance(draft, str) else None
+
+
 def checkpoints(scenario: Scenario, model: str, draft_model: str | None) -> dict[str, Checkpoint]:
     """The target's checkpoint and the drafter's, by role (`model`, `draft_model`: as the server gets them, builtin
     models resolved). A drafter without a model of its own is in the target's checkpoint; n-gram methods have none."""
     found = {"target": read_checkpoint("target", model)}
     if scenario.speculative.get("method") in NO_DRAFT_MODEL:
         return found
-    draft = draft_model or scenario.speculative.get("model")
-    if isinstance(draft, str):
+    draft = own_draft_model(scenario, draft_model)
+    if draft is not None:
         found["draft"] = read_checkpoint("draft", draft)
     else:
         target = found["target"]

@@ -1,6 +1,7 @@
 """Ask a variant's Python interpreter which vLLM it has, without importing vLLM in specwake itself.
 
-One short subprocess per interpreter: version, package folder, platform, sleep-mode support, GPU count.
+One short subprocess per interpreter: version, package folder, platform, sleep-mode support, GPU count (cached per
+installation); and, asked each time, the GPUs' free and total memory.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,3 +194,44 @@ def _probe(python: str, timeout_s: float) -> tuple[EngineInfo, dict[str, Any]]:
         raise EngineMissing(f"{python}: cannot import vllm ({tail}){hint}")
     data = json.loads(line.removeprefix("SPECWAKE_PROBE "))
     return EngineInfo.from_json(python, data), data
+
+
+# Runs inside the variant's interpreter: free and total bytes of each GPU asked, as vLLM's worker measures them before
+# it loads the model (torch's cudaMemGetInfo; vllm/utils/mem_utils.py device_memory_info). Indices count inside
+# CUDA_VISIBLE_DEVICES, as --gpus and the packer's do.
+_MEMORY_PROBE = r"""
+import json, sys
+import torch
+print("SPECWAKE_GPU_MEMORY " + json.dumps([list(torch.cuda.mem_get_info(int(i))) for i in sys.argv[1:]]))
+"""
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    index: int
+    free: int  # bytes
+    total: int
+
+
+def gpu_memory(python: str, gpus: Sequence[int], timeout_s: float = 120.0) -> list[GpuMemory] | str:
+    """Free and total memory of each of `gpus`, asked now through `python`'s torch (never cached: it changes); or why
+    it could not be read. GPU i is the one a server given index i gets: numbered in PCI bus order, as specwake starts
+    its servers (plan.build_server_env), unless CUDA_DEVICE_ORDER says otherwise."""
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **_child_env()}
+    try:
+        proc = subprocess.run(
+            [python, "-c", _MEMORY_PROBE, *map(str, gpus)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{python}: reading the GPUs' memory failed ({type(exc).__name__})"
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("SPECWAKE_GPU_MEMORY ")), None)
+    if proc.returncode != 0 or line is None:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"{python}: reading the GPUs' memory failed ({tail})"
+    sizes = json.loads(line.removeprefix("SPECWAKE_GPU_MEMORY "))
+    return [GpuMemory(gpu, int(free), int(total)) for gpu, (free, total) in zip(gpus, sizes, strict=True)]

@@ -278,15 +278,21 @@ def cpu_thread_binding(tp: int, cpu_ids: Sequence[int], always: bool = False) ->
     return "|".join(ranges)
 
 
+def flag_values(args: Sequence[str], *flags: str) -> list[str]:
+    """The values `args` give any of `flags`, in order, in either spelling (`FLAG VALUE`, `FLAG=VALUE`): vLLM's
+    argument parser keeps the last."""
+    pairs = zip(args, [*args[1:], ""], strict=False)
+    values = []
+    for a, b in pairs:
+        flag, equals, value = a.partition("=")
+        if flag in flags:
+            values.append(value if equals else b)
+    return values
+
+
 def executors_asked(args: Sequence[str]) -> list[str]:
     """The executors `args` name with EXECUTOR_FLAG, in either spelling (`FLAG NAME`, `FLAG=NAME`)."""
-    pairs = zip(args, [*args[1:], ""], strict=False)
-    named = f"{EXECUTOR_FLAG}="
-    return [
-        a.removeprefix(named) if a.startswith(named) else b
-        for a, b in pairs
-        if a == EXECUTOR_FLAG or a.startswith(named)
-    ]
+    return flag_values(args, EXECUTOR_FLAG)
 
 
 def executor_chosen(scenario: Scenario, variant: Variant) -> bool:

@@ -46,6 +46,14 @@ def is_tested(version: str | None, releases: Sequence[str] = TESTED_RELEASES) ->
         return False
 
 
+def release_at_least(version: str, since: str) -> bool:
+    """Whether `version` is of series `since` or later; False for a version that cannot be read."""
+    try:
+        return series(version) >= series(since)
+    except ValueError:
+        return False
+
+
 def tested_span() -> str:
     """The tested releases for a message, e.g. "0.32.0, 0.33.0, 0.34.0"."""
     return ", ".join(TESTED_RELEASES)

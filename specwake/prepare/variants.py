@@ -26,7 +26,7 @@ from specwake.prepare.plan import (
     node_launch,
     resolve_discard,
 )
-from specwake.prepare.releases import is_tested, series, tested_span
+from specwake.prepare.releases import is_tested, release_at_least, tested_span
 from specwake.prepare.scenario import NoReleaseValue, Scenario, Variant
 from specwake.prepare.validate import validate_variants
 from specwake.protocol import release_rules
@@ -183,14 +183,6 @@ def untested_releases(prepared: Sequence[Sequence[PreparedVariant]]) -> list[str
 NO_V1_RUNNER_SINCE = "0.34"
 
 
-def _release_at_least(version: str, since: str) -> bool:
-    """Whether `version` is of series `since` or later; False for a version that cannot be read."""
-    try:
-        return series(version) >= series(since)
-    except ValueError:
-        return False
-
-
 # How vLLM reloads a model's weights in place, from the server's environment, since 0.34: "layerwise" (the default)
 # rebuilds each layer from the checkpoint, "direct" writes into the live tensors (vllm/envs.py 0.34:2300-2305;
 # start_reload / finish_reload, model_loader/reload/lifecycle.py 0.34:26-45). The drafter's reload in the shipped fix
@@ -214,7 +206,7 @@ def reload_mode_problem(
         (f"{RELOAD_MODE} in specwake's environment, which every server inherits", environ),
     )
     key, value = next(((k, env[RELOAD_MODE]) for k, env in places if RELOAD_MODE in env), ("", None))
-    if value is None or not _release_at_least(version, RELOAD_MODE_SINCE):
+    if value is None or not release_at_least(version, RELOAD_MODE_SINCE):
         return None
     if value == "direct":
         return key, (
@@ -236,7 +228,7 @@ def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo, environ
         resolved = variant.for_release(engine.vllm_version)
     except NoReleaseValue as exc:
         raise ScenarioError(str(scenario.file), exc.key, exc.reason) from None
-    if variant.model_runner == "v1" and _release_at_least(engine.vllm_version, NO_V1_RUNNER_SINCE):
+    if variant.model_runner == "v1" and release_at_least(engine.vllm_version, NO_V1_RUNNER_SINCE):
         key = variant.model_runner_from
         reason = f'"v1": vLLM {engine.vllm_version} has no V1 model runner (none since {NO_V1_RUNNER_SINCE}); use "v2"'
         raise ScenarioError(str(scenario.file), key, reason)

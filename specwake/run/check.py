@@ -18,6 +18,7 @@ from specwake.judge.expectations import COLLAPSE_AL
 from specwake.judge.verdict import RULES, speed_rule
 from specwake.prepare.checkpoint import checkpoints, tensor_lines
 from specwake.prepare.hub import Availability, availability, confirm_on_hub
+from specwake.prepare.memory import MemoryCheck, check_memory
 from specwake.prepare.models import is_builtin
 from specwake.prepare.plan import VariantPlan, redact_env
 from specwake.prepare.releases import is_tested, tested_span
@@ -105,13 +106,15 @@ def check_all(
                 problems.append(str(exc))
             else:
                 assigned, cores = (plan, {}) if on_gpu else ({}, plan)
+    memory = check_memory(scenarios, prepared, devices) if on_gpu and not asked else {}
+    problems += [check.problem for check in memory.values() if check.problem]
     texts = []
     for scenario, variants in zip(scenarios, prepared, strict=True):
         plans = [
             plan_servers(scenario, p, assigned.get(key(scenario, p), ()), cores.get(key(scenario, p), ()))
             for p in variants
         ]
-        texts.append(describe(scenario, variants, plans, found[scenario.name], runners))
+        texts.append(describe(scenario, variants, plans, found[scenario.name], runners, memory))
         if tensors and variants:
             texts += tensor_lines(checkpoints(scenario, variants[0].model, variants[0].draft_model))
     texts.append(f"run mode: {mode} — {mode_line(mode, len(server_jobs(work)), asked)}")
@@ -232,9 +235,11 @@ def describe(
     plans: Sequence[Sequence[VariantPlan]],
     models: Sequence[Availability] = (),
     runners: Mapping[tuple[str, str], str] | None = None,
+    memory: Mapping[str, MemoryCheck] | None = None,
 ) -> str:
     """What `run` would start for one scenario, and what it will measure, as plain text (`specwake check`).
-    `runners`: the model runner vLLM chose per (scenario file, variant name), where it could check."""
+    `runners`: the model runner vLLM chose per (scenario file, variant name), where it could check; `memory`: each
+    GPU variant's memory estimate, by "scenario/variant"."""
     lines = [f"{scenario.name}  ({scenario.file})", *measurement_plan(scenario, prepared)]
     lines += [f"  model {m.model}: {m.where}" for m in models]
     for prep, servers in zip(prepared, plans, strict=True):
@@ -272,11 +277,15 @@ def describe(
             if plan.cores:
                 lines.append(f"    cores: {','.join(map(str, plan.cores))} (the server is confined to them)")
             lines.append("    argv: " + shlex.join(plan.argv))
-            for key, value in sorted(redact_env(plan.env_added).items()):
-                lines.append(f"    env: {key}={value}")
+            for name, value in sorted(redact_env(plan.env_added).items()):
+                lines.append(f"    env: {name}={value}")
         ray = overlay_under_ray(scenario, prep)
         for note in [*cpu_no_ops(prep, scenario.cycle.reload_kind.pushes), *([ray] if ray else [])]:
             lines.append(f"    note: {note}")
-        if prep.platform_problem:
-            lines.append(f"    NOT RUNNABLE HERE: {prep.platform_problem}")
+        fit = (memory or {}).get(key(scenario, prep))
+        if fit is not None:
+            lines.append(f"    memory: {fit.line}")
+        for problem in (prep.platform_problem, fit.problem if fit else None):
+            if problem:
+                lines.append(f"    NOT RUNNABLE HERE: {problem}")
     return "\n".join(lines)

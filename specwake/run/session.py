@@ -14,6 +14,7 @@ from specwake.errors import EXIT_INTERRUPTED, EXIT_PASS, InputError, Interrupted
 from specwake.events import Event, Events
 from specwake.judge.crashes import INPUT_REJECTED
 from specwake.judge.verdict import exit_code
+from specwake.prepare.memory import refuse_short_memory
 from specwake.prepare.scenario import Overrides, Scenario, load_scenario
 from specwake.prepare.variants import (
     PreparedVariant,
@@ -128,9 +129,12 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
             note = f"shard {shard}: no jobs here ({len(jobs)} scenario × variant jobs over {shard.count} shards)"
             return RunOutcome([], None, "", EXIT_PASS, note)
         scenarios, prepared = [s for s, _ in active], [p for _, p in active]
-    if gpus is not None and any(p.engine.is_gpu for variants in prepared for p in variants):
+    on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
+    if gpus is not None and on_gpu:
         refuse_invisible_gpus(gpus, visible_gpus(prepared))
     handle_leftovers(request.cache, request.stop_leftovers, events)
+    if on_gpu:  # after leftovers are stopped, before anything is created: what the servers will find
+        refuse_short_memory(scenarios, prepared, gpus if gpus is not None else visible_gpus(prepared), events)
     layout = _layout(request, scenarios)
     events(Event(f"results in {layout.root}"))
     work = [

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
+from specwake.prepare.memory import DEFAULT_UTILIZATION, KV_SIZED_BY, Claim, vllm_claim
 from specwake.prepare.overlay import Overlay, build_overlay
 from specwake.prepare.plan import DYNAMO_DISABLE, EXECUTOR_FLAG, START_METHOD, data_parallel_rank_flags
 from specwake.prepare.releases import TESTED_RELEASES, series
@@ -207,6 +208,30 @@ def test_the_data_parallel_flags_specwake_sets_or_reserves_are_the_releases_own(
     assert len(reserved) >= 22 and ours <= reserved | {"--data-parallel-size"}
     assert not (ours | reserved) - defined, f"vLLM {version} has no {sorted((ours | reserved) - defined)}"
     assert "Non-MoE models do not support external data parallel mode" in source
+
+
+def test_what_vllm_claims_of_a_gpu_and_when_it_refuses_free_memory_are_the_releases(release):
+    """specwake.prepare.memory.vllm_claim, held to the release: its default gpu_memory_utilization (1 from 0.34, where
+    the extensible KV cache is on by default, else 0.92), whether it refuses at startup a GPU whose free memory is
+    below its claim (not with the extensible KV cache), and the flags that size the KV cache instead."""
+    version, tree = release
+    cache = (tree / "vllm" / "config" / "cache.py").read_text()
+    request = (tree / "vllm" / "v1" / "worker" / "utils.py").read_text()
+    request = request[request.index("def request_memory(") :]
+    request = request[: request.index("\ndef ")]
+    flags = add_argument_flags((tree / "vllm" / "engine" / "arg_utils.py").read_text())
+    claim = vllm_claim(version, [])
+    assert isinstance(claim, Claim) and set(KV_SIZED_BY) <= flags, version
+    refusal = 'f"is less than desired GPU memory utilization "'
+    assert refusal in request and "math.ceil(" in request and "init_snapshot.total_memory * " in request
+    if claim.checks_free:  # before 0.34: a default of 0.92, and the free memory always checked
+        assert f"gpu_memory_utilization: float = Field(default={DEFAULT_UTILIZATION}, gt=0, le=1)" in cache
+        assert "enable_extensible_kv_cache" not in request and "--enable-extensible-kv-cache" not in flags
+    else:  # 0.34: the default follows the extensible KV cache, which skips the check
+        assert f"DEFAULT_GPU_MEMORY_UTILIZATION: ClassVar[float] = {DEFAULT_UTILIZATION}" in cache
+        assert "if self.enable_extensible_kv_cache:\n            return 1.0" in cache and claim.fraction == 1.0
+        guard = "init_snapshot.free_memory < requested_memory\n        and not cache_config.enable_extensible_kv_cache"
+        assert guard in request and "--enable-extensible-kv-cache" in flags
 
 
 def test_vllms_server_keeps_its_own_metric_names_and_ray_spells_them_as_specwake_reads(release):

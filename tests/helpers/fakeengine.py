@@ -88,10 +88,24 @@ class CpuPlatform:
 """
 
 
-# The fake interpreter's torch: specwake's probe reads its version, nothing in a fake server uses it. The real torch
-# would take seconds to import in every probe; specwake's worker modules (`-m specwake.worker.build` writes a builtin
-# model's real weights, `-m specwake.worker.validate` may load its tokenizer) still get the real one.
-_TORCH = '__version__ = "0.0.fake"\n'
+# The fake interpreter's torch: specwake's probe reads its version, and its GPU memory probe each GPU's free and total
+# bytes (FAKE_VLLM_GPU_MEMORY="FREE/TOTAL" in GiB, one for every GPU or one per GPU separated by commas; default
+# 80/80); nothing in a fake server uses it. The real torch would take seconds to import in every probe; specwake's
+# worker modules (`-m specwake.worker.build` writes a builtin model's real weights, `-m specwake.worker.validate` may
+# load its tokenizer) still get the real one.
+_TORCH = """\
+import os
+
+__version__ = "0.0.fake"
+
+
+class cuda:
+    @staticmethod
+    def mem_get_info(index):
+        sizes = os.environ.get("FAKE_VLLM_GPU_MEMORY", "80/80").split(",")
+        free, total = (float(part) * 2**30 for part in sizes[index % len(sizes)].split("/"))
+        return int(free), int(total)
+"""
 
 
 @dataclass(frozen=True)
