@@ -26,7 +26,7 @@ from specwake.prepare.plan import (
     node_launch,
     resolve_discard,
 )
-from specwake.prepare.releases import is_tested, series, tested_span
+from specwake.prepare.releases import is_tested, release_of, series, tested_span
 from specwake.prepare.scenario import NoReleaseValue, Scenario, Variant
 from specwake.prepare.validate import validate_variants
 from specwake.protocol import release_rules
@@ -154,6 +154,20 @@ def _naming_patch(scenario: Scenario, variant: Variant) -> Iterator[None]:
         raise PatchError(f"{scenario.file}: {key}: {exc}") from None
 
 
+def made_for_another_release(scenario: Scenario, variant: Variant, info: PatchInfo, version: str) -> str | None:
+    """One warning line where a patch's header names the vLLM releases it was made for (as "(vLLM 0.32.0, 0.33.0)")
+    and the variant's vLLM is none of them (a build of a release, 0.32.0+cpu, is that release); None where it is one,
+    or where the header names none (nothing to compare)."""
+    if info.releases is None or release_of(version) in info.releases:
+        return None
+    key = "--patch" if variant.patch_from_flag else f"variants.{variant.name}.patch"
+    made_for = ", ".join(info.releases)
+    return (
+        f"warning: {scenario.file}: {key}: {info.path.name} was made for vLLM {made_for} (its header), not the"
+        f" installed {version}: it may not fix this release"
+    )
+
+
 def inspect_patches(scenario: Scenario) -> dict[Path, PatchInfo]:
     """Read and validate every variant's diff, each release's where a variant has one per release (no overlay built):
     the cheap part of the patch checks."""
@@ -241,6 +255,9 @@ def prepare(
                 overlay = build_overlay(variant.patch, engine.package_dir, engine.vllm_version, cache)
             patch_sha = patches[variant.patch].sha256
             events(Event(f"overlay {'reused' if overlay.reused else 'built'} at {overlay.root}", variant.name))
+            other = made_for_another_release(scenario, variant, patches[variant.patch], engine.vllm_version)
+            if other:
+                events(Event(other))
             for skipped in overlay.skipped_files:
                 events(Event(f"patch file outside vllm/ skipped: {skipped}", variant.name))
         problem = platform_problem(scenario, engine, gpus, model)

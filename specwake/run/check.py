@@ -239,7 +239,7 @@ def describe(
     lines += [f"  model {m.model}: {m.where}" for m in models]
     for prep, servers in zip(prepared, plans, strict=True):
         engine = prep.engine
-        lines.append(f"  variant {prep.variant.name}  (expect {prep.variant.expected})")
+        lines.append(f"  variant {prep.variant.name}  (expect {prep.variant.expected_said})")
         lines += _by_release(prep.variant)
         lines.append(f"    interpreter: {engine.python}  (Python {engine.python_version})")
         dists = ", ".join(engine.distributions) or engine.vllm_version
