@@ -28,7 +28,7 @@ from specwake.prepare.plan import (
 )
 from specwake.prepare.releases import is_tested, release_of, series, tested_span
 from specwake.prepare.scenario import NoReleaseValue, Scenario, Variant
-from specwake.prepare.validate import validate_variants
+from specwake.prepare.validate import Checked, validate_variants
 from specwake.protocol import release_rules
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder that holds the specwake package
@@ -268,10 +268,11 @@ def prepare(
 
 def validate_run(
     scenarios: Sequence[Scenario], prepared: Sequence[Sequence[PreparedVariant]], cache: Path, events: Events
-) -> dict[tuple[str, str], str]:
+) -> dict[tuple[str, str], Checked]:
     """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.prepare.validate),
     after its push_scale and push_skip names against the checkpoints (specwake.prepare.checkpoint); the first
-    problem of every scenario file raised at once. Returns the model runner vLLM chose per (file, variant name)."""
+    problem of every scenario file raised at once. Returns what vLLM said per (file, variant name): the model runner
+    it chose, the K in force."""
     pairs = zip(scenarios, prepared, strict=True)
     checks = [(s, p.variant, p.engine, p.model, p.draft_model) for s, variants in pairs for p in variants]
     return validate_variants(checks, cache, events)
