@@ -39,6 +39,13 @@ TRANSFER_BACKEND = "specwake_file"  # specwake's transport engine (specwake.work
 SLEEP_METRIC = "vllm:sleep_mode_operation_duration_seconds"  # histograms vLLM's API server keeps per `operation`
 TRANSFER_METRIC = "vllm:rl_weight_update_operation_duration_seconds"
 
+# -- the SpeculativeConfig fields that decide what AL measures (vllm/config/speculative.py, 0.32+), read by the
+# validation in the variant's vLLM (specwake.worker.validate) and judged before launch (specwake.prepare.speculation)
+METHOD_FIELD = "rejection_sample_method"  # how drafts are verified: "standard", "synthetic", "block", "fly" (0.33+)
+ADAPTIVE_FIELD = "enable_adaptive_verification"  # vLLM sizes each step's verification budget itself
+K_FIELD = "num_speculative_tokens"
+SCHEDULE_FIELD = "num_speculative_tokens_per_batch_size"  # [(first batch size, last, K), ...]
+
 
 # -- cycle steps -------------------------------------------------------------------------------------------------------
 

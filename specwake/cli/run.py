@@ -28,6 +28,12 @@ class ModelRunnerChoice(str, Enum):
     v2 = "v2"
 
 
+EXPECT_HELP = (
+    "Outcome the `patched` variant must have with --patch: recover, collapse, corrupt, crash or any (default: the"
+    " file's expect.patched, else recover for the variant --patch adds)."
+)
+
+
 def _runner(choice: ModelRunnerChoice | None) -> str | None:
     return choice.value if choice is not None else None
 
@@ -46,6 +52,7 @@ def run(
         typer.Option(help="Model runner of every variant the files leave to vLLM's choice (server.model_runner)."),
     ] = None,
     patch: Annotated[Path | None, typer.Option(help="Diff for the `patched` variant (overrides its patch).")] = None,
+    expect: Annotated[str | None, typer.Option(help=EXPECT_HELP, show_default=False)] = None,
     output: Annotated[Path, typer.Option(help="Results folder; each run gets a new sub-folder.")] = Path("results"),
     gpus: Annotated[
         str | None, typer.Option(help="GPUs to pack servers onto, e.g. 0-7 or 0,1,4,5 (default: all visible).")
@@ -96,12 +103,17 @@ def run(
     from specwake.run.session import RunInterrupted, RunRequest, execute
 
     ui = Ui(quiet)
-    refuse_bad_run_flags(ui, patch, interleave, sequential)
+    refuse_bad_run_flags(ui, patch, interleave, sequential, expect)
     try:
         request = RunRequest(
             scenarios=scenarios,
             overrides=Overrides(
-                cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch, model_runner=_runner(model_runner)
+                cycles=cycles,
+                tp=tp,
+                variants=tuple(variant or ()),
+                patch=patch,
+                model_runner=_runner(model_runner),
+                expect=expect,
             ),
             output=output,
             cache=cache_dir(),
@@ -152,6 +164,7 @@ def check(
         typer.Option(help="Model runner of every variant the files leave to vLLM's choice (server.model_runner)."),
     ] = None,
     patch: Annotated[Path | None, typer.Option(help="Diff for the `patched` variant.")] = None,
+    expect: Annotated[str | None, typer.Option(help=EXPECT_HELP, show_default=False)] = None,
     gpus: Annotated[
         str | None, typer.Option(help="GPUs to plan the packing onto, e.g. 0-7 (default: all visible).")
     ] = None,
@@ -179,10 +192,11 @@ def check(
     from specwake.run.check import check_all
 
     ui = Ui()
-    refuse_bad_run_flags(ui, patch, interleave, sequential)
+    refuse_bad_run_flags(ui, patch, interleave, sequential, expect)
     overrides = Overrides(
-        cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch, model_runner=_runner(model_runner)
-    )
+        cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch, model_runner=_runner(model_runner),
+        expect=expect,
+    )  # fmt: skip
     try:
         outcome = check_all(
             scenarios, overrides, cache_dir(), ui.event, gpus=parse_gpus(gpus), online=online, sequential=sequential,

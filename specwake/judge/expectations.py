@@ -19,6 +19,16 @@ SET_SEPARATOR = "|"
 COLLAPSE_AL = 1.05  # AL at or below this after a cycle means (almost) every draft was rejected
 DEFAULT_TOLERANCE = 0.05  # [expect] tolerance when a scenario sets none
 DEFAULT_MIN_SPEEDUP = 0.9  # [expect] min_speedup_recovery when a scenario sets none
+# What the `patched` variant that `--patch` adds to a scenario without one expects, unless `--expect` or the file's
+# `expect.patched` says otherwise: a fix is tested to recover.
+PATCH_DEFAULT = "recover"
+
+
+def unknown_outcome(flag: str, value: str | None) -> str | None:
+    """The one line refusing a flag's outcome that is not an expectation (`--expect nope`), or None."""
+    if value is None or value in EXPECTATIONS:
+        return None
+    return f"{flag} {value}: not an outcome (one of {', '.join(EXPECTATIONS)})"
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,10 @@ _HEADERS = re.compile(rb'^--- "?([^\t\r\n]*).*\n\+\+\+ "?([^\t\r\n]*)', re.M)
 _BINARY = re.compile(rb"^(?:GIT binary patch|Binary files .* differ)\r?$", re.M)
 _CONTEXT_DIFF = re.compile(rb"^\*{15}\r?$", re.M)  # the hunk separator of `diff -c`
 _SUMMARY = re.compile(r"^ (create|delete) (?:mode (\d+) )?(.*)$", re.M)  # `git apply --summary`
+# A patch's header is the text before its first file; it may name the vLLM releases the patch was made for, as
+# specwake's own patches do: "... in the directory that contains vllm/ (vLLM 0.32.0, 0.33.0)."
+_FIRST_FILE = re.compile(rb"^(?:diff --git |--- )", re.M)
+_HEADER_RELEASES = re.compile(rb"\(vLLM (\d+\.\d+\.\d+(?:, \d+\.\d+\.\d+)*)\)")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class PatchInfo:
     files: tuple[FilePatch, ...]
     patched_files: tuple[str, ...]  # under vllm/, applied by the overlay
     skipped_files: tuple[str, ...]  # outside vllm/ (tests, docs), ignored
+    releases: tuple[str, ...] | None = None  # the vLLM releases its header says it was made for; None: it names none
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,16 @@ def parse_patch(data: bytes, name: str) -> PatchInfo:
         files=tuple(files),
         patched_files=tuple(sorted(set(inside))),
         skipped_files=tuple(sorted(set(outside))),
+        releases=header_releases(data),
     )
+
+
+def header_releases(data: bytes) -> tuple[str, ...] | None:
+    """The vLLM releases a diff's header (the text before its first file) names as "(vLLM 0.32.0, 0.33.0)", or None
+    where it names none (a plain `git diff` has no header)."""
+    first = _FIRST_FILE.search(data)
+    found = _HEADER_RELEASES.search(data[: first.start() if first else len(data)])
+    return tuple(v.strip() for v in found.group(1).decode().split(",")) if found else None
 
 
 def check_path(path: str, name: str) -> None:

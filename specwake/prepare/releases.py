@@ -35,6 +35,14 @@ def series(version: str) -> tuple[int, int]:
     return parsed.major, parsed.minor
 
 
+def release_of(version: str) -> str:
+    """The release a vLLM version is a build of (0.32.0+cpu → 0.32.0); an unreadable version as it is."""
+    try:
+        return Version(version).base_version
+    except InvalidVersion:
+        return version
+
+
 def is_tested(version: str | None, releases: Sequence[str] = TESTED_RELEASES) -> bool:
     """Whether a vLLM version belongs to the series of one of `releases`, by default the tested ones (0.33.1 and a
     0.33 dev build do; 0.35.0 does not). An unknown or unreadable version is untested."""

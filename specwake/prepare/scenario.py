@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from specwake.errors import ScenarioError
 from specwake.files import what_it_is
-from specwake.judge.expectations import DEFAULT_TOLERANCE, Limits, expectation_text
+from specwake.judge.expectations import DEFAULT_TOLERANCE, PATCH_DEFAULT, Limits, expectation_text
 from specwake.prepare.prompts import BUILTIN_PROMPTS
 from specwake.prepare.releases import ByRelease
 from specwake.prepare.scenario_file import (
@@ -62,6 +62,9 @@ class Variant:
     model_runner_from: str = "server.model_runner"
     release: str | None = None  # the vLLM version `patch` and `expected` answer for; None before preparation
     patch_from_flag: bool = False  # the patch is --patch's, not the file's
+    # where the expectation comes from when the file does not write it: "--expect", or "--patch default" (the
+    # `patched` variant --patch added expects recover); None: the file's [expect] (or its default, `any`)
+    expected_from: str | None = None
 
     @property
     def patch(self) -> Path | None:
@@ -78,6 +81,11 @@ class Variant:
         if self.release or not self.expects.varies:
             return self.expects.for_release(self.release) or "any"
         return ", ".join(f"{value} on {spec}" for spec, value in self.expects.choices)
+
+    @property
+    def expected_said(self) -> str:
+        """The expectation as a progress line says it: with where it came from, where the file did not write it."""
+        return f"{self.expected}, {self.expected_from}" if self.expected_from else self.expected
 
     def for_release(self, version: str) -> Variant:
         """This variant as vLLM `version` runs it. NoReleaseValue naming the key when a table has no value for it."""
@@ -170,6 +178,12 @@ class Overrides:
     variants: tuple[str, ...] = ()
     patch: Path | None = None
     model_runner: str | None = None  # the runner of every variant the file leaves to vLLM's choice
+    expect: str | None = None  # the `patched` variant's expectation (--expect), over the file's
+
+    def adds_patched(self, raw: dict[str, Any]) -> bool:
+        """Whether --patch adds a `patched` variant to the TOML document `raw`, which has none."""
+        variants = raw.get("variants", {"baseline": {}})
+        return self.patch is not None and isinstance(variants, dict) and "patched" not in variants
 
 
 def _error_from_validation(file: str, exc: ValidationError) -> ScenarioError:
@@ -242,10 +256,8 @@ def _load_prompts(file: Path, spec: str | list[str]) -> tuple[str, ...]:
 
 def _apply_overrides(raw: dict[str, Any], overrides: Overrides) -> dict[str, Any]:
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    if overrides.patch is not None:  # --patch names the `patched` variant; add it if the file has none
-        variants = raw.get("variants", {"baseline": {}})
-        if isinstance(variants, dict) and "patched" not in variants:
-            raw["variants"] = {**variants, "patched": {}}
+    if overrides.adds_patched(raw):  # --patch names the `patched` variant; add it if the file has none
+        raw["variants"] = {**raw.get("variants", {"baseline": {}}), "patched": {}}
     if overrides.cycles is not None:
         raw.setdefault("cycle", {})["count"] = overrides.cycles
     if overrides.tp is not None and isinstance(raw.get("server"), dict):
@@ -260,6 +272,7 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
     """Read, validate and resolve one scenario file. Raises ScenarioError (one line)."""
     file, shown = Path(path), str(path)
     data, raw = _read_toml(file, shown)
+    added = overrides.adds_patched(raw)
     try:
         doc = ScenarioFile.model_validate(_apply_overrides(raw, overrides))
     except ValidationError as exc:
@@ -269,7 +282,7 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
     variants = [
         variant
         for variant_name, section in _chosen_variants(shown, doc, overrides).items()
-        for variant in _resolve_variant(shown, file, doc, variant_name, section, overrides)
+        for variant in _resolve_variant(shown, file, doc, variant_name, section, overrides, added)
     ]
     min_speedup = doc.expect.get("min_speedup_recovery")
     return Scenario(
@@ -327,9 +340,16 @@ def _chosen_variants(shown: str, doc: ScenarioFile, overrides: Overrides) -> dic
 
 
 def _resolve_variant(
-    shown: str, file: Path, doc: ScenarioFile, name: str, section: VariantSection, overrides: Overrides
+    shown: str,
+    file: Path,
+    doc: ScenarioFile,
+    name: str,
+    section: VariantSection,
+    overrides: Overrides,
+    added: bool = False,
 ) -> list[Variant]:
-    """One Variant per sleep level ([cycle] level = [1, 2] gives NAME-L1 and NAME-L2)."""
+    """One Variant per sleep level ([cycle] level = [1, 2] gives NAME-L1 and NAME-L2). `added`: --patch added the
+    `patched` variant."""
     patch = _resolve_patch(shown, file, name, section, overrides)
     python = section.python
     if python and ("/" in python or python.startswith("~")):
@@ -338,7 +358,7 @@ def _resolve_variant(
     resolved = []
     for level in levels:
         full = name if len(levels) == 1 else f"{name}-L{level}"
-        expected = ByRelease.parse(doc.expect.get(full, doc.expect.get(name, "any"))).map(expectation_text)
+        expected, expected_from = _expectation(doc, name, full, overrides.expect, added)
         if not section.speculative and expected.values() != ["any"]:
             raise ScenarioError(
                 shown, f"expect.{name}", f"{name!r} runs without speculation (the floor): measured, not judged"
@@ -362,9 +382,24 @@ def _resolve_variant(
                     name, section.model_runner, doc.server.model_runner, overrides.model_runner
                 ),
                 patch_from_flag=name == "patched" and overrides.patch is not None,
+                expected_from=expected_from,
             )  # fmt: skip
         )
     return resolved
+
+
+def _expectation(
+    doc: ScenarioFile, name: str, full: str, flag: str | None, added: bool
+) -> tuple[ByRelease[str], str | None]:
+    """What variant `full` (the file's `name`, at one sleep level) expects, and where that comes from when the file
+    does not say it: --expect for the `patched` variant, over the file's; else the file's [expect]; else, for the
+    `patched` variant --patch added, `recover` (a fix is tested to recover); else `any`."""
+    if name == "patched" and flag is not None:
+        return ByRelease.plain(flag), "--expect"
+    written = doc.expect.get(full, doc.expect.get(name))
+    if written is None and name == "patched" and added:
+        return ByRelease.plain(PATCH_DEFAULT), "--patch default"
+    return ByRelease.parse(written if written is not None else "any").map(expectation_text), None
 
 
 def _runner_from(variant: str, own: str | None, server: str | None, flag: str | None) -> str:

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from specwake.prepare.models import builder_env
 from specwake.prepare.plan import INSPECT_IN_PROCESS, TRITON_ON_CPU, model_flags, speculative_config
 from specwake.prepare.prompts import probe_prompt
 from specwake.prepare.scenario import Scenario, Variant
+from specwake.prepare.speculation import REQUESTS_AT_ONCE, check_speculation, speculation_line
 from specwake.protocol import TRANSFER_FLAG
 
 TIMEOUT_S = 300.0
@@ -60,6 +62,7 @@ def request_for(
         "syncs": scenario.cycle.reload_kind.syncs,
         "draft_session": scenario.cycle.reload_kind.syncs and "draft" in variant.push_to,
         "model_runner": variant.model_runner,
+        "batch_size": REQUESTS_AT_ONCE,
     }
 
 
@@ -129,6 +132,7 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
     if answer.get("variant_args_error"):
         where = f"variants.{variant.name}.args"
         raise ScenarioError(file, where, f"vLLM {version}'s argument parser: {answer['variant_args_error']}")
+    check_speculation(scenario, variant, answer.get("speculation"), version)
     long = answer.get("too_long")
     if isinstance(long, dict):
         index, tokens, limit = int(long["index"]), int(long["tokens"]), int(long["limit"])
@@ -172,13 +176,22 @@ def _semantic_key(scenario: Scenario, problem: str) -> str:
 Check = tuple[Scenario, Variant, EngineInfo, str, str | None]
 
 
-def validate_variants(checks: Sequence[Check], cache: Path | None, events: Events) -> dict[tuple[str, str], str]:
+@dataclass(frozen=True)
+class Checked:
+    """What a variant's vLLM said of it that `check` shows: the model runner it chooses ("v1" or "v2"), and the K in
+    force at the workload's concurrency (specwake.prepare.speculation); None where it could not say."""
+
+    runner: str | None = None
+    speculation: str | None = None
+
+
+def validate_variants(checks: Sequence[Check], cache: Path | None, events: Events) -> dict[tuple[str, str], Checked]:
     """Check every variant of a run before anything starts: its push_scale and push_skip names against the
     checkpoints (specwake.prepare.checkpoint), then its scenario by its own vLLM, one process per interpreter for the
     whole run (every file of `check a.toml b.toml …` in one import of vLLM). Raises the first problem of each
     scenario file, in the order given: a ScenarioError, or ScenarioErrors for several files. A vLLM that cannot
-    answer is reported and skipped. Returns the model runner vLLM chose for each variant it could check, by (scenario
-    file, variant name): "v1" or "v2"."""
+    answer is reported and skipped. Returns what vLLM said of each variant it could check, by (scenario file, variant
+    name): the model runner it chose and the K in force."""
     problems: dict[str, ScenarioError] = {}
     for file in dict.fromkeys(str(s.file) for s, *_ in checks):
         try:
@@ -217,7 +230,9 @@ def validate_variants(checks: Sequence[Check], cache: Path | None, events: Event
     if problems:
         raise ScenarioErrors(list(problems.values()))
     return {
-        (str(checks[i][0].file), checks[i][1].name): str(answers[i]["runner"])
+        (str(checks[i][0].file), checks[i][1].name): Checked(
+            answers[i].get("runner") or None, speculation_line(answers[i].get("speculation"))
+        )
         for i in asked
-        if i in answers and answers[i].get("runner")
+        if i in answers
     }

@@ -26,9 +26,9 @@ from specwake.prepare.plan import (
     node_launch,
     resolve_discard,
 )
-from specwake.prepare.releases import is_tested, release_at_least, tested_span
+from specwake.prepare.releases import is_tested, release_at_least, release_of, tested_span
 from specwake.prepare.scenario import NoReleaseValue, Scenario, Variant
-from specwake.prepare.validate import validate_variants
+from specwake.prepare.validate import Checked, validate_variants
 from specwake.protocol import release_rules
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the folder that holds the specwake package
@@ -154,6 +154,20 @@ def _naming_patch(scenario: Scenario, variant: Variant) -> Iterator[None]:
         raise PatchError(f"{scenario.file}: {key}: {exc}") from None
 
 
+def made_for_another_release(scenario: Scenario, variant: Variant, info: PatchInfo, version: str) -> str | None:
+    """One warning line where a patch's header names the vLLM releases it was made for (as "(vLLM 0.32.0, 0.33.0)")
+    and the variant's vLLM is none of them (a build of a release, 0.32.0+cpu, is that release); None where it is one,
+    or where the header names none (nothing to compare)."""
+    if info.releases is None or release_of(version) in info.releases:
+        return None
+    key = "--patch" if variant.patch_from_flag else f"variants.{variant.name}.patch"
+    made_for = ", ".join(info.releases)
+    return (
+        f"warning: {scenario.file}: {key}: {info.path.name} was made for vLLM {made_for} (its header), not the"
+        f" installed {version}: it may not fix this release"
+    )
+
+
 def inspect_patches(scenario: Scenario) -> dict[Path, PatchInfo]:
     """Read and validate every variant's diff, each release's where a variant has one per release (no overlay built):
     the cheap part of the patch checks."""
@@ -273,6 +287,9 @@ def prepare(
                 overlay = build_overlay(variant.patch, engine.package_dir, engine.vllm_version, cache)
             patch_sha = patches[variant.patch].sha256
             events(Event(f"overlay {'reused' if overlay.reused else 'built'} at {overlay.root}", variant.name))
+            other = made_for_another_release(scenario, variant, patches[variant.patch], engine.vllm_version)
+            if other:
+                events(Event(other))
             for skipped in overlay.skipped_files:
                 events(Event(f"patch file outside vllm/ skipped: {skipped}", variant.name))
         problem = platform_problem(scenario, engine, gpus, model)
@@ -283,10 +300,11 @@ def prepare(
 
 def validate_run(
     scenarios: Sequence[Scenario], prepared: Sequence[Sequence[PreparedVariant]], cache: Path, events: Events
-) -> dict[tuple[str, str], str]:
+) -> dict[tuple[str, str], Checked]:
     """Every variant of a run checked by its own vLLM, one process per interpreter (see specwake.prepare.validate),
     after its push_scale and push_skip names against the checkpoints (specwake.prepare.checkpoint); the first
-    problem of every scenario file raised at once. Returns the model runner vLLM chose per (file, variant name)."""
+    problem of every scenario file raised at once. Returns what vLLM said per (file, variant name): the model runner
+    it chose, the K in force."""
     pairs = zip(scenarios, prepared, strict=True)
     checks = [(s, p.variant, p.engine, p.model, p.draft_model) for s, variants in pairs for p in variants]
     return validate_variants(checks, cache, events)

@@ -40,7 +40,7 @@ from typing import Any
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_PASS, InputError, PatchError
 from specwake.events import Event, Events
 from specwake.files import write_atomic
-from specwake.judge.expectations import EXPECTATIONS
+from specwake.judge.expectations import unknown_outcome
 from specwake.judge.verdict import NOT_TESTED
 from specwake.prepare.engine import install_stamp, probe_engine, resolve_python
 from specwake.prepare.models import cache_dir
@@ -133,8 +133,9 @@ class Bisect:
         self.variant = self._variant(request.variant)
         good = Ref(request.good, resolve(repo, request.good, "--good"))
         self.bad = resolve(repo, request.bad, "--bad")
-        if request.expect is not None and request.expect not in EXPECTATIONS:
-            raise InputError(f"--expect {request.expect}: not an outcome (one of {', '.join(EXPECTATIONS)})")
+        problem = unknown_outcome("--expect", request.expect)
+        if problem:
+            raise InputError(problem)
         self.good_given = good.sha
         self.good, self.good_note = range_start(good, Ref(request.bad, self.bad), merge_base(repo, good.sha, self.bad))
         shas = git(repo, "rev-list", "--reverse", "--ancestry-path", f"{self.good}..{self.bad}").split()

@@ -25,6 +25,7 @@ from specwake.prepare.releases import is_tested, tested_span
 from specwake.prepare.runners import runner_choice
 from specwake.prepare.scenario import Overrides, Scenario, Variant, load_scenario
 from specwake.prepare.scenario_file import WorkloadSection
+from specwake.prepare.validate import Checked
 from specwake.prepare.variants import (
     PreparedVariant,
     available_cpus,
@@ -83,7 +84,7 @@ def check_all(
     }
     patches = [inspect_patches(s) for s in scenarios]
     prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]
-    runners = validate_run(scenarios, prepared, cache, events)
+    checked = validate_run(scenarios, prepared, cache, events)
     for line in untested_releases(prepared):
         events(Event(line))
     problems = [p.platform_problem for variants in prepared for p in variants if p.platform_problem]
@@ -114,7 +115,7 @@ def check_all(
             plan_servers(scenario, p, assigned.get(key(scenario, p), ()), cores.get(key(scenario, p), ()))
             for p in variants
         ]
-        texts.append(describe(scenario, variants, plans, found[scenario.name], runners, memory))
+        texts.append(describe(scenario, variants, plans, found[scenario.name], checked, memory))
         if tensors and variants:
             texts += tensor_lines(checkpoints(scenario, variants[0].model, variants[0].draft_model))
     texts.append(f"run mode: {mode} — {mode_line(mode, len(server_jobs(work)), asked)}")
@@ -234,25 +235,27 @@ def describe(
     prepared: Sequence[PreparedVariant],
     plans: Sequence[Sequence[VariantPlan]],
     models: Sequence[Availability] = (),
-    runners: Mapping[tuple[str, str], str] | None = None,
+    checked: Mapping[tuple[str, str], Checked] | None = None,
     memory: Mapping[str, MemoryCheck] | None = None,
 ) -> str:
     """What `run` would start for one scenario, and what it will measure, as plain text (`specwake check`).
-    `runners`: the model runner vLLM chose per (scenario file, variant name), where it could check; `memory`: each
-    GPU variant's memory estimate, by "scenario/variant"."""
+    `checked`: what vLLM said per (scenario file, variant name), where it could check: the model runner it chose,
+    the K in force; `memory`: each GPU variant's memory estimate, by "scenario/variant"."""
     lines = [f"{scenario.name}  ({scenario.file})", *measurement_plan(scenario, prepared)]
     lines += [f"  model {m.model}: {m.where}" for m in models]
     for prep, servers in zip(prepared, plans, strict=True):
         engine = prep.engine
-        lines.append(f"  variant {prep.variant.name}  (expect {prep.variant.expected})")
+        lines.append(f"  variant {prep.variant.name}  (expect {prep.variant.expected_said})")
         lines += _by_release(prep.variant)
         lines.append(f"    interpreter: {engine.python}  (Python {engine.python_version})")
         dists = ", ".join(engine.distributions) or engine.vllm_version
         untested = "" if is_tested(engine.vllm_version) else f"  (untested release; tested: {tested_span()})"
         lines.append(f"    vLLM: {dists} at {engine.package_dir}  platform {engine.platform}{untested}")
         lines.append(f"    entry point: {_ENTRYPOINTS.get(engine.entrypoint, engine.entrypoint)}")
-        chosen = (runners or {}).get((str(scenario.file), prep.variant.name))
-        lines.append(f"    model runner: {runner_choice(prep.variant.model_runner, chosen, engine.platform)}")
+        said = (checked or {}).get((str(scenario.file), prep.variant.name), Checked())
+        lines.append(f"    model runner: {runner_choice(prep.variant.model_runner, said.runner, engine.platform)}")
+        if said.speculation and prep.variant.speculative:
+            lines.append(f"    speculation: {said.speculation}")
         if prep.overlay is not None:
             state = "reused" if prep.overlay.reused else "built"
             lines.append(

@@ -144,7 +144,8 @@ def _run_one(
     finally:
         run.close()
     final = run.result()
-    events(Event(f"{final.outcome} (expected {final.expected})", run.name))
+    source = run.prep.variant.expected_from
+    events(Event(f"{final.outcome} (expected {final.expected}{f', {source}' if source else ''})", run.name))
 
 
 def _run_interleaved(runs: Sequence[VariantRun], save: Callable[[], object]) -> None:

@@ -3,12 +3,13 @@ interpreter, without starting a server: ``python -m specwake.worker.validate < r
 every variant of a run that uses this interpreter: importing vLLM takes seconds, checking takes milliseconds.
 
 Requests: a JSON list of {"model": str, "speculative": {...}, "args": [...], "variant_args": [...], "prompts": [...],
-"max_model_len": int|null, "syncs": bool, "draft_session": bool}.
+"max_model_len": int|null, "syncs": bool, "draft_session": bool, "batch_size": int}.
 Answer (one line): a list, in order, of {"vllm": version, "valid_keys": [...], "unknown_keys": [...], "bad_values":
 {key: reason}, "args_error": str|null, "variant_args_error": str|null, "too_long": {"index": i, "tokens": n, "limit":
-max_model_len}|null, "transfer_problem": str|null, "skipped": [reason, ...]} — the variant's arguments are parsed
-after the server's; prompts are counted with the model's own tokenizer where the model is local (a folder, or the
-Hugging Face cache), and `skipped` says which of those checks could not run and why.
+max_model_len}|null, "transfer_problem": str|null, "speculation": {...}|null (`speculation_in_force`), "skipped":
+[reason, ...]} — the variant's arguments are parsed after the server's; prompts are counted with the model's own
+tokenizer where the model is local (a folder, or the Hugging Face cache), and `skipped` says which of those checks
+could not run and why.
 SpeculativeConfig is a pydantic dataclass with extra keys forbidden, but vLLM validates it only when it builds the
 engine config, minutes into a GPU start; `--speculative-config` itself is parsed as plain JSON.
 """
@@ -20,6 +21,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from specwake.protocol import ADAPTIVE_FIELD, K_FIELD, METHOD_FIELD, SCHEDULE_FIELD
 
 # Fields vLLM fills in itself; a scenario cannot set them.
 INTERNAL_FIELDS = {"target_model_config", "target_parallel_config", "draft_model_config", "draft_parallel_config"}
@@ -175,6 +178,61 @@ def semantic_problem(model: str, spec: dict[str, Any], serve_args: list[str]) ->
     return None, None
 
 
+GUARDED = (METHOD_FIELD, ADAPTIVE_FIELD, K_FIELD, SCHEDULE_FIELD)  # what decides what AL measures
+
+
+def _as_served(model: str, spec: dict[str, Any], args: list[str]) -> dict[str, Any]:
+    """The speculative config the server gets, read by vLLM's own parser from its argv in specwake's order:
+    `--speculative-config` (the [speculative] table), then `args`, where a later `--speculative-config`, `-sc` or
+    `--speculative-config.KEY VALUE` replaces it. Dashed keys as vLLM reads them."""
+    parsed = _parser().parse_args([model, "--speculative-config", json.dumps(spec), *args])
+    return {str(k).replace("-", "_"): v for k, v in (getattr(parsed, "speculative_config", None) or {}).items()}
+
+
+def speculation_in_force(
+    model: str, spec: dict[str, Any], args: list[str], variant_args: list[str], batch_size: int
+) -> dict[str, Any]:
+    """What decides the variant's AL, as its server will have it: the rejection sampling method, adaptive
+    verification, and K at `batch_size` requests at once, each field as served (`_as_served`) or else its default in
+    this release's SpeculativeConfig (None: the release has no such field), and K at that batch size from vLLM's own
+    lookup of the schedule (vllm/v1/spec_decode/dynamic/utils.py, as its scheduler builds it). `set_by` says, per
+    field, which of "speculative", "args" (server.args) or "variant_args" gave its value."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    fields: dict[str, Any] = SpeculativeConfig.__pydantic_fields__  # type: ignore[attr-defined]
+    table = {str(k).replace("-", "_"): v for k, v in spec.items()}
+    served, with_variant = _as_served(model, spec, args), _as_served(model, spec, [*args, *variant_args])
+
+    def value(name: str) -> Any:
+        if name in with_variant:
+            return with_variant[name]
+        return fields[name].get_default(call_default_factory=True) if name in fields else None
+
+    def set_by(name: str) -> str:
+        if with_variant.get(name) != served.get(name):
+            return "variant_args"
+        return "args" if served.get(name) != table.get(name) else "speculative"
+
+    found: dict[str, Any] = {
+        "fields": {name: value(name) for name in GUARDED if name in fields},
+        "set_by": {name: set_by(name) for name in GUARDED},
+        "batch_size": batch_size,
+        "k_in_force": value(K_FIELD),
+        "k_problem": None,
+    }
+    schedule = value(SCHEDULE_FIELD)
+    if schedule is not None:
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        k = value(K_FIELD)  # None: the drafter's config gives K (n_predict); the schedule alone then says
+        try:
+            lookup = build_dynamic_sd_schedule_lookup(schedule, batch_size, k if k else sys.maxsize)
+            found["k_in_force"] = lookup[batch_size]
+        except (ValueError, TypeError) as exc:  # vLLM's refusal of the schedule, which its scheduler raises at start
+            found["k_in_force"], found["k_problem"] = None, _first(exc)
+    return found
+
+
 V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"  # plan.V2_SWITCH
 RUNNER_SWITCH = {"v1": "0", "v2": "1"}  # plan.RUNNER_SWITCH
 # The start of vLLM's refusals of a model runner (vllm/config/vllm.py, `_validate_v2_model_runner` and
@@ -287,6 +345,12 @@ def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
                 request["model"], spec, list(request.get("serve_args") or []), request.get("model_runner")
             )
             found["skipped"] += [skipped] if skipped else []
+    found["speculation"] = None
+    if spec and not found["unknown_keys"] and not found["bad_values"] and not found["args_error"]:
+        if not found["variant_args_error"]:
+            found["speculation"] = speculation_in_force(
+                request["model"], spec, args, extra, int(request.get("batch_size") or 1)
+            )
     prompts = list(request.get("prompts") or [])
     found["too_long"], skipped = (
         too_long(request["model"], prompts, request.get("max_model_len")) if prompts else (None, None)

@@ -120,6 +120,10 @@ NEW_CASES: dict[str, Case] = {
     "--patch missing": _flag_case(["--patch", "@TMP@/none.diff"], "--patch", "file not found"),
     "--patch that does not apply": _flag_case(["--patch", "@TMP@/turbo.diff"], "--patch", "drafter_reload.py"),
     "two run modes": _flag_case(["--interleave", "--sequential"], "--interleave, --sequential", "choose one"),
+    "--expect not an outcome": _flag_case(
+        ["--patch", "@TMP@/turbo.diff", "--expect", "fixed"], "--expect fixed", "not an outcome (one of recover,"
+    ),
+    "--expect without --patch": _flag_case(["--expect", "recover"], "--expect recover", "only with --patch"),
     "--resume not a folder": _flag_case(["--resume", "@TMP@/none"], "--resume", "not a run folder"),
 }
 

@@ -27,6 +27,7 @@ from specwake.prepare.plan import DYNAMO_DISABLE, EXECUTOR_FLAG, START_METHOD, d
 from specwake.prepare.releases import TESTED_RELEASES, series
 from specwake.prepare.server_args import RESERVED_FLAGS
 from specwake.prepare.variants import RELOAD_MODE, RELOAD_MODE_SINCE, RELOAD_MODES
+from specwake.protocol import ADAPTIVE_FIELD, K_FIELD, METHOD_FIELD, SCHEDULE_FIELD
 from tests.helpers.paths import REPO
 from tests.helpers.procs import launch_env
 from tests.helpers.release_check import (
@@ -177,6 +178,38 @@ def test_every_fallback_import_exists_in_some_release():
                 found.setdefault((path.name, use.what), set()).add(version)
     nowhere = [f"{name}: {what}" for (name, what), versions in found.items() if not versions]
     assert nowhere == [], f"guarded imports that no release in {RELEASES} has:\n" + "\n".join(nowhere)
+
+
+def _literal_values(module: ast.Module, annotation: ast.expr) -> set[str]:
+    """The strings of a Literal annotation, through a module-level alias (`RejectionSampleMethod = Literal[...]`)."""
+    if isinstance(annotation, ast.Name):
+        (alias,) = [
+            n.value for n in module.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == annotation.id
+        ]
+        annotation = alias
+    return {c.value for c in ast.walk(annotation) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+
+
+def test_the_speculative_config_guard_reads_the_releases_own_fields_and_schedule(release):
+    """The fields specwake.prepare.speculation judges are SpeculativeConfig's (vllm/config/speculative.py), the
+    rejection sampling methods it refuses are values of the release's field ("fly" since 0.33), and the K it reads
+    at a batch size comes from the lookup the release's scheduler builds and indexes by the requests it schedules."""
+    version, tree = release
+    module = ast.parse((tree / "vllm" / "config" / "speculative.py").read_text())
+    (config,) = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "SpeculativeConfig"]
+    fields = {ast.unparse(n.target): n for n in config.body if isinstance(n, ast.AnnAssign)}
+    assert {METHOD_FIELD, ADAPTIVE_FIELD, K_FIELD, SCHEDULE_FIELD} <= set(fields), version
+    methods = _literal_values(module, fields[METHOD_FIELD].annotation)
+    assert "synthetic" in methods and ("fly" in methods) == (series(version) >= (0, 33)), (version, methods)
+    assert {"standard", "block"} <= methods  # what a scenario may run instead
+    scheduler = (tree / "vllm" / "v1" / "core" / "sched" / "scheduler.py").read_text()
+    assert "build_dynamic_sd_schedule_lookup(\n" in scheduler and f"speculative_config.{SCHEDULE_FIELD}," in scheduler
+    assert "self.dynamic_sd_lookup[\n                len(num_scheduled_tokens)\n            ]" in scheduler, version
+    lookup = ast.parse((tree / "vllm" / "v1" / "spec_decode" / "dynamic" / "utils.py").read_text())
+    (build,) = [
+        n for n in lookup.body if isinstance(n, ast.FunctionDef) and n.name == "build_dynamic_sd_schedule_lookup"
+    ]
+    assert [a.arg for a in build.args.args] == [SCHEDULE_FIELD, "vllm_max_batch_size", "vllm_num_speculative_tokens"]
 
 
 def test_every_flag_the_shipped_scenarios_start_a_server_with_is_the_releases(release):

@@ -77,6 +77,24 @@ CASES = {
         "server.model_runner",
         "refuses it: Model Runner V2 does not yet support: parallel drafting",
     ),
+    "synthetic rejection sampling: AL set by configuration": (
+        MINIMAL.replace(
+            "num_speculative_tokens = 3",
+            'num_speculative_tokens = 3\nrejection_sample_method = "synthetic"\nsynthetic_acceptance_length = 3.0',
+        ),
+        "speculative.rejection_sample_method",
+        "AL is set by configuration and judges no drafter",
+    ),
+    "synthetic rejection sampling set through server.args": (  # vLLM's parser merges it as the server gets it
+        MINIMAL.replace("[server]", '[server]\nargs = ["--speculative-config.rejection_sample_method", "synthetic"]'),
+        "server.args",
+        '"synthetic": vLLM',
+    ),
+    "a batch-size schedule that drafts nothing at one request at a time": (
+        MINIMAL + "num_speculative_tokens_per_batch_size = [[1, 2, 0], [3, 16, 3]]\n",
+        "speculative.num_speculative_tokens_per_batch_size",
+        "K is 0 at 1 request at a time",
+    ),
     "weight-transfer backend that no engine of vLLM answers to": (  # vLLM itself checks it only after loading
         MINIMAL.replace("[server]", """[server]\nargs = ["--weight-transfer-config", '{"backend": "nope"}']"""),
         "server.args",
@@ -163,6 +181,9 @@ def test_the_validation_program_reports_every_problem_with_vllms_field_list() ->
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("SPECWAKE_VALIDATE "))
     answer, clean = json.loads(line.removeprefix("SPECWAKE_VALIDATE "))  # one answer per request, in order
     assert clean["unknown_keys"] == [] and clean["bad_values"] == {} and clean["args_error"] is None
+    # the guard's reading of the configuration: each field as served, else vLLM's own default
+    assert clean["speculation"]["fields"]["rejection_sample_method"] == "standard"
+    assert clean["speculation"]["set_by"]["rejection_sample_method"] == "speculative"
     assert answer["unknown_keys"] == ["typo"]
     assert {"method", "num_speculative_tokens", "model"} <= set(answer["valid_keys"])
     assert "target_model_config" not in answer["valid_keys"]  # vLLM fills those in itself

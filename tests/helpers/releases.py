@@ -26,6 +26,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from specwake.prepare.models import cache_dir
+from specwake.prepare.overlay import header_releases
 from specwake.prepare.releases import TESTED_RELEASES
 from tests.helpers.paths import REPO
 
@@ -33,8 +34,6 @@ PYPROJECT = REPO / "pyproject.toml"
 PATCHES = sorted((REPO / "scenarios" / "patches").glob("*.diff"))
 DOWNLOAD_TIMEOUT_S = 900
 _DONE = ".complete"  # written last: a folder without it is a download that did not finish
-# Where the patch header names its releases: "... in the directory that contains vllm/ (vLLM 0.32.0, 0.33.0)."
-_HEADER_RELEASES = re.compile(r"\(vLLM (\d+\.\d+\.\d+(?:, \d+\.\d+\.\d+)*)\)")
 # A patch for some release series only: draft-reload-0.34.diff is the draft-reload fix for 0.34.
 _SERIES_SUFFIX = re.compile(r"-\d+\.\d+$")
 
@@ -52,11 +51,11 @@ def gpu_requirement() -> str:
 
 
 def patch_header_releases(patch: Path) -> list[str]:
-    """The releases a shipped patch's header says it applies to."""
-    found = _HEADER_RELEASES.search(patch.read_text().split("\ndiff --git ", 1)[0])
+    """The releases a shipped patch's header says it applies to (read as `check` reads it)."""
+    found = header_releases(patch.read_bytes())
     if found is None:
         raise AssertionError(f"{patch.name}: the header names no releases as '(vLLM X.Y.Z, ...)'")
-    return [v.strip() for v in found.group(1).split(",") if v.strip()]
+    return list(found)
 
 
 def patch_family(patch: Path) -> str:

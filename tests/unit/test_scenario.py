@@ -240,3 +240,30 @@ def test_inexact_tensors_each_say_why_and_reach_the_fresh_fingerprint_only(tmp_p
     assert "inexact_tensors" not in fingerprint_kwargs("after fresh", {})
     with pytest.raises(ScenarioError, match=r"cycle\.inexact_tensors.*why a reload cannot reproduce it"):
         load_scenario(write(tmp_path, MINIMAL + '[cycle]\ninexact_tensors = { "lm_head.weight" = " " }\n', "b.toml"))
+
+
+def test_the_variant_patch_adds_expects_recover_unless_the_file_or_expect_says_otherwise(tmp_path: Path) -> None:
+    """A fix given with --patch to a scenario without a `patched` variant is tested to recover: a collapsing fix must
+    not pass as `any`. The file's expect.patched, and over it --expect, say otherwise; each says where it came from."""
+    diff = tmp_path / "fix.diff"
+    diff.write_text("")  # read only when prepared
+
+    def patched(text: str, **flags: str) -> tuple[str, str | None]:
+        scenario = load_scenario(write(tmp_path, text), Overrides(patch=diff, **flags))
+        (variant,) = [v for v in scenario.variants if v.name == "patched"]
+        return variant.expected, variant.expected_from
+
+    assert patched(MINIMAL) == ("recover", "--patch default")
+    assert patched(MINIMAL, expect="collapse") == ("collapse", "--expect")
+    assert patched(MINIMAL + "[expect]\npatched = 'crash'\n") == ("crash", None)  # the file's own word
+    assert patched(MINIMAL + "[expect]\npatched = 'crash'\n", expect="any") == ("any", "--expect")
+    own = MINIMAL + "[variants.baseline]\n[variants.patched]\n"  # a file's own `patched` keeps its file's default
+    assert patched(own) == ("any", None)
+    assert patched(own, expect="recover") == ("recover", "--expect")
+    levels = load_scenario(write(tmp_path, MINIMAL + "[cycle]\nlevel = [1, 2]\n"), Overrides(patch=diff))
+    assert [(v.name, v.expected_said) for v in levels.variants if v.name.startswith("patched")] == [
+        ("patched-L1", "recover, --patch default"),
+        ("patched-L2", "recover, --patch default"),
+    ]
+    plain = load_scenario(write(tmp_path, MINIMAL))  # no --patch: nothing added, nothing expected
+    assert [(v.name, v.expected_said) for v in plain.variants] == [("baseline", "any")]
