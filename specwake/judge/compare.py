@@ -99,7 +99,7 @@ MEASUREMENT_KEYS = (
     "workload.prompts",
     "workload.temperature",
 )
-IGNORED_KEYS = ("name", "description")  # labels, not settings
+IGNORED_KEYS = ("name", "description", "cpu_scenario")  # labels, not settings
 
 
 def _show(value: Any) -> str:

@@ -109,6 +109,7 @@ class Scenario:
     tolerance: float
     min_speedup_recovery: float | None = None  # None: not set (see verdict.speed_rule)
     limits: Limits = Limits()
+    cpu_scenario: Path | None = None  # the CPU scenario of the same family, for a GPU scenario on a CPU
 
     @property
     def server(self) -> ServerSection:
@@ -285,7 +286,19 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
             **{k: float(v) for k, v in doc.expect.items() if k in LIMIT_KEYS},
             graph_safe=bool(doc.expect.get("graph_safe", True)),
         ),
+        cpu_scenario=_cpu_scenario(shown, file, doc.cpu_scenario),
     )
+
+
+def _cpu_scenario(shown: str, file: Path, written: str | None) -> Path | None:
+    """`cpu_scenario`, found from the scenario's folder; ScenarioError when no file is there."""
+    if written is None:
+        return None
+    path = (file.parent / written).expanduser()
+    problem = what_it_is(path)
+    if problem is not None:
+        raise ScenarioError(shown, "cpu_scenario", f"{'file not found' if problem == 'not found' else problem}: {path}")
+    return path.resolve()
 
 
 def _read_toml(file: Path, shown: str) -> tuple[bytes, dict[str, Any]]:

@@ -107,6 +107,7 @@ NEW_CASES: dict[str, Case] = {
     "startup timeout zero": _scenario_case(
         FAKE.replace("[server]", "[server]\nstartup_timeout_s = 0"), "server.startup_timeout_s", "greater than 0"
     ),
+    "cpu_scenario missing": _scenario_case('cpu_scenario = "none.toml"\n' + FAKE, "cpu_scenario", "file not found"),
     "scenario name climbs out of --output": _scenario_case('name = "../../etc"\n' + FAKE, "name", "safe path"),
     "scenario name with a slash": _scenario_case('name = "a/b"\n' + FAKE, "name", "safe path component"),
     "scenario name empty": _scenario_case('name = ""\n' + FAKE, "name", "safe path component"),
