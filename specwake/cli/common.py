@@ -35,10 +35,14 @@ def parse_gpus(text: str | None) -> tuple[int, ...] | None:
         raise InputError(f"--gpus: {exc}") from None
 
 
+PATCH_PROBLEMS = {"not found": "no such file", "a folder, not a file": "a folder, not a patch file"}
+
+
 def refuse_bad_run_flags(ui: Ui, patch: Path | None, interleave: bool, sequential: bool) -> None:
     """Exit 2 on a --patch that is not a file or on two run modes at once: `run` refuses them, and `check` as `run`."""
-    if patch is not None and what_it_is(patch) is not None:
-        ui.error(f"--patch: file {what_it_is(patch)}: {patch}")
+    problem = what_it_is(patch) if patch is not None else None
+    if problem is not None:
+        ui.error(f"--patch: {patch}: {PATCH_PROBLEMS.get(problem, problem)}")
         raise typer.Exit(EXIT_INPUT)
     if interleave and sequential:
         ui.error("--interleave, --sequential: choose one run mode")
