@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from specwake.cli import app
 from specwake.report import run_files
-from specwake.results import ScenarioResult
+from specwake.results import KNOWN_SCHEMAS, ScenarioResult
 from specwake.runfolder import load_result, write_files
 from tests.helpers.paths import DATA
 
@@ -83,6 +83,12 @@ def test_report_bad_input(tmp_path: Path) -> None:
         result = runner.invoke(app, ["report", str(tmp_path / name)])
         assert result.exit_code == 2, name
         assert phrase in result.output and name in result.output
+    (tmp_path / "empty.json").write_text("{}")
+    empty = runner.invoke(app, ["report", str(tmp_path / "empty.json")])
+    assert empty.exit_code == 2 and empty.output.strip() == (
+        f'error: {tmp_path / "empty.json"}: not a specwake result file: no "schema" (this specwake reads'
+        f" {', '.join(KNOWN_SCHEMAS)})"
+    )
 
 
 def test_compare_exit_codes(tmp_path: Path) -> None:
