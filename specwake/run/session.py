@@ -252,6 +252,8 @@ def refuse_same_names(scenarios: Sequence[Scenario]) -> None:
     seen: dict[str, Scenario] = {}
     for scenario in scenarios:
         first = seen.setdefault(scenario.name, scenario)
+        if first is not scenario and first.file == scenario.file:
+            raise InputError(f"{scenario.file}: given twice; name each scenario file once")
         if first is not scenario:
             raise InputError(
                 f"{scenario.file}: name: {scenario.name!r} is also the name of {first.file}; two scenarios of one run"

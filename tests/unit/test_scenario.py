@@ -186,6 +186,13 @@ def test_a_value_no_member_of_a_union_takes_is_one_reason(tmp_path: Path, value:
     assert shown.exit_code == 2 and shown.output.strip() == f"error: {file}: {reason}", shown.output
 
 
+def test_a_scenario_given_twice_is_one_line_saying_so(tmp_path: Path) -> None:
+    file = write(tmp_path, MINIMAL)
+    for command in (["run", "--output", str(tmp_path / "out")], ["check"]):
+        shown = CliRunner().invoke(app, [*command, str(file), str(tmp_path / "." / file.name)])
+        assert shown.exit_code == 2 and shown.output.strip() == f"error: {file}: given twice; name each scenario file once"
+
+
 def test_a_level_list_runs_every_variant_at_each_level(tmp_path: Path) -> None:
     text = MINIMAL + "[cycle]\nlevel = [1, 2]\n[variants.baseline]\n[variants.patched]\n"
     text += "[expect]\nbaseline = 'collapse'\nbaseline-L1 = 'recover'\npatched = 'recover'\n"
