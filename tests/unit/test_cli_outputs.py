@@ -91,6 +91,28 @@ def test_report_bad_input(tmp_path: Path) -> None:
     )
 
 
+def in_folder(result: ScenarioResult, folder: Path) -> ScenarioResult:
+    """The result as a run in `folder` writes it: its server logs inside the folder."""
+    return replace(
+        result, variants=[replace(v, log_path=str(folder / "logs" / f"{v.name}.log")) for v in result.variants]
+    )
+
+
+def test_runs_of_one_second_under_two_output_folders_keep_distinct_labels(tmp_path: Path) -> None:
+    """Shards or machines that started in one second write run folders of one name into different `--output`
+    folders: the merged report names each by its whole folder, and one result given twice by its place."""
+    one, two = (tmp_path / out / "20260101-000000-tiny-cpu" for out in ("night-a", "night-b"))
+    for folder in (one, two):
+        save(folder, in_folder(load_result(SAMPLE), folder))
+    shown = CliRunner().invoke(app, ["report", str(one), str(two)])
+    assert shown.exit_code == 0, shown.output
+    headings = [line for line in shown.stdout.splitlines() if line.startswith("### tiny-cpu")]
+    assert [h.split(" — ")[0] for h in headings] == [f"### tiny-cpu (in {one})", f"### tiny-cpu (in {two})"]
+    twice = CliRunner().invoke(app, ["report", str(one), str(one)])
+    headings = [line.split(" — ")[0] for line in twice.stdout.splitlines() if line.startswith("### tiny-cpu")]
+    assert headings == ["### tiny-cpu (#1)", "### tiny-cpu (#2)"]
+
+
 def test_compare_exit_codes(tmp_path: Path) -> None:
     base = load_result(SAMPLE)
     old = save(tmp_path / "old", base)

@@ -190,7 +190,8 @@ def test_a_scenario_given_twice_is_one_line_saying_so(tmp_path: Path) -> None:
     file = write(tmp_path, MINIMAL)
     for command in (["run", "--output", str(tmp_path / "out")], ["check"]):
         shown = CliRunner().invoke(app, [*command, str(file), str(tmp_path / "." / file.name)])
-        assert shown.exit_code == 2 and shown.output.strip() == f"error: {file}: given twice; name each scenario file once"
+        assert shown.exit_code == 2, shown.output
+        assert shown.output.strip() == f"error: {file}: given twice; name each scenario file once"
 
 
 def test_a_level_list_runs_every_variant_at_each_level(tmp_path: Path) -> None:
