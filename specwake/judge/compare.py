@@ -338,6 +338,16 @@ def pair_scenarios(
     return joined, unmatched
 
 
+def same_run(olds: Sequence[ScenarioResult], news: Sequence[ScenarioResult]) -> bool:
+    """Whether OLD and NEW are one run given twice (its folder, a results folder whose latest it is, or a copy of
+    it): the same run folder name and start for every scenario. A comparison of it with itself measures nothing."""
+
+    def runs(results: Sequence[ScenarioResult]) -> list[tuple[Any, str, str]]:
+        return [(r.scenario.get("run"), r.name, r.started_at) for r in results]
+
+    return bool(olds) and all(run for run, _, _ in runs(olds)) and runs(olds) == runs(news)
+
+
 def compare_runs(
     olds: Sequence[ScenarioResult],
     news: Sequence[ScenarioResult],

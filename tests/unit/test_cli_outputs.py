@@ -130,6 +130,20 @@ def test_compare_exit_codes(tmp_path: Path) -> None:
     assert unknown.exit_code == 2 and "nope" in unknown.output
 
 
+def test_comparing_a_run_with_itself_is_one_line_exit_2(tmp_path: Path) -> None:
+    """The run folder twice, or a results folder whose latest run it is: nothing would be compared."""
+    run = save(tmp_path / "results" / "20260101-000000-tiny-cpu", load_result(SAMPLE))
+    for old, new in ((run, run), (run, tmp_path / "results")):
+        shown = CliRunner().invoke(app, ["compare", str(old), str(new)])
+        assert shown.exit_code == 2, shown.output
+        assert (
+            shown.stderr.strip().splitlines()[-1]
+            == f"error: OLD and NEW are the same run ({old}, {new}): compare two runs"
+        )
+    copy = save(tmp_path / "earlier" / "20251231-000000-tiny-cpu", load_result(SAMPLE))  # an equal run, not this one
+    assert CliRunner().invoke(app, ["compare", str(copy), str(run)]).exit_code == 0
+
+
 def test_compare_picks_latest_run_in_a_results_folder(tmp_path: Path) -> None:
     base = load_result(SAMPLE)
     save(tmp_path / "new" / "20260101-000000-tiny-cpu", collapsed(base))
