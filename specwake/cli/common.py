@@ -1,5 +1,5 @@
-"""What every `specwake` command shares: one error line per problem and its exit code, `--gpus`, the run-mode and
-`--patch` checks `run` and `check` make alike, and SIGTERM read as Ctrl-C.
+"""What every `specwake` command shares: one error line per problem and its exit code, `--gpus`, the run-mode
+check `run` and `check` make alike, and SIGTERM read as Ctrl-C.
 """
 
 from __future__ import annotations
@@ -7,14 +7,12 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import NoReturn
 
 import typer
 
 from specwake.console import Ui
 from specwake.errors import EXIT_INPUT, InputError, ScenarioErrors, SpecwakeError
-from specwake.files import what_it_is
 from specwake.run.schedule import parse_gpu_list
 
 
@@ -35,15 +33,9 @@ def parse_gpus(text: str | None) -> tuple[int, ...] | None:
         raise InputError(f"--gpus: {exc}") from None
 
 
-PATCH_PROBLEMS = {"not found": "no such file", "a folder, not a file": "a folder, not a patch file"}
-
-
-def refuse_bad_run_flags(ui: Ui, patch: Path | None, interleave: bool, sequential: bool) -> None:
-    """Exit 2 on a --patch that is not a file or on two run modes at once: `run` refuses them, and `check` as `run`."""
-    problem = what_it_is(patch) if patch is not None else None
-    if problem is not None:
-        ui.error(f"--patch: {patch}: {PATCH_PROBLEMS.get(problem, problem)}")
-        raise typer.Exit(EXIT_INPUT)
+def refuse_bad_run_flags(ui: Ui, interleave: bool, sequential: bool) -> None:
+    """Exit 2 on two run modes at once: `run` refuses them, and `check` as `run`. (A --patch that is no file is the
+    scenarios' problem, named with each: specwake.prepare.scenario.)"""
     if interleave and sequential:
         ui.error("--interleave, --sequential: choose one run mode")
         raise typer.Exit(EXIT_INPUT)

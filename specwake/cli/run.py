@@ -99,7 +99,7 @@ def run(
     from specwake.run.session import RunInterrupted, RunRequest, execute
 
     ui = Ui(quiet)
-    refuse_bad_run_flags(ui, patch, interleave, sequential)
+    refuse_bad_run_flags(ui, interleave, sequential)
     if not scenarios and resume is None:
         ui.error("SCENARIOS: name at least one scenario file (or --resume DIR to finish an interrupted run)")
         raise typer.Exit(EXIT_INPUT)
@@ -185,7 +185,7 @@ def check(
     from specwake.run.check import check_all
 
     ui = Ui()
-    refuse_bad_run_flags(ui, patch, interleave, sequential)
+    refuse_bad_run_flags(ui, interleave, sequential)
     overrides = Overrides(
         cycles=cycles, tp=tp, variants=tuple(variant or ()), patch=patch, model_runner=_runner(model_runner)
     )

@@ -467,7 +467,9 @@ def _resolve_patch(
 
 
 def _existing_patch(shown: str, key: str, patch: Path) -> Path:
+    """The patch a variant's `patch` or --patch names, a regular file; ScenarioError naming the scenario and key."""
     problem = what_it_is(patch)
     if problem is not None:
-        raise ScenarioError(shown, key, f"patch file {problem}: {patch}")
+        said = {"not found": "patch file not found", "a folder, not a file": "a folder, not a patch file"}
+        raise ScenarioError(shown, key, f"{said.get(problem, f'patch file is {problem}')}: {patch}")
     return patch

@@ -118,9 +118,9 @@ NEW_CASES: dict[str, Case] = {
     "--gpus bad": _flag_case(["--gpus", "zero-7"], "--gpus", "zero"),
     "--gpus reversed": _flag_case(["--gpus", "7-0"], "--gpus", "7-0"),
     "--variant unknown": _flag_case(["--variant", "nope"], "--variant", "no variant 'nope'"),
-    "--patch missing": _flag_case(["--patch", "@TMP@/none.diff"], "--patch", "none.diff: no such file"),
-    "--patch a folder": _flag_case(["--patch", "@TMP@"], "--patch", "a folder, not a patch file"),
-    "--patch that does not apply": _flag_case(["--patch", "@TMP@/turbo.diff"], "--patch", "drafter_reload.py"),
+    "--patch missing": _flag_case(["--patch", "@TMP@/none.diff"], "s.toml: --patch", "patch file not found"),
+    "--patch a folder": _flag_case(["--patch", "@TMP@"], "s.toml: --patch", "a folder, not a patch file"),
+    "--patch that does not apply": _flag_case(["--patch", "@TMP@/turbo.diff"], "s.toml: --patch", "drafter_reload.py"),
     "two run modes": _flag_case(["--interleave", "--sequential"], "--interleave, --sequential", "choose one"),
     "--resume not a folder": _flag_case(["--resume", "@TMP@/none"], "--resume", "not a run folder"),
 }

@@ -166,9 +166,13 @@ def test_cli_missing_scenario_and_bad_flags(tmp_path: Path) -> None:
     zero = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--cycles", "0"])
     assert zero.exit_code == 2
     nopatch = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--patch", str(tmp_path / "x.diff")])
-    assert nopatch.exit_code == 2 and nopatch.output.strip() == f"error: --patch: {tmp_path / 'x.diff'}: no such file"
-    folder = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--patch", str(tmp_path)])
-    assert folder.exit_code == 2 and folder.output.strip() == f"error: --patch: {tmp_path}: a folder, not a patch file"
+    scenario = write(tmp_path, MINIMAL)
+    assert nopatch.exit_code == 2
+    assert nopatch.output.strip() == f"error: {scenario}: --patch: patch file not found: {tmp_path / 'x.diff'}"
+    for command in (["run", "--output", str(tmp_path / "out")], ["check"]):  # the scenario named, as by every patch error
+        folder = runner.invoke(app, [*command, str(scenario), "--patch", str(tmp_path)])
+        assert folder.exit_code == 2, folder.output
+        assert folder.output.strip() == f"error: {scenario}: --patch: a folder, not a patch file: {tmp_path}"
 
 
 @pytest.mark.parametrize(
