@@ -169,7 +169,7 @@ def test_cli_missing_scenario_and_bad_flags(tmp_path: Path) -> None:
     scenario = write(tmp_path, MINIMAL)
     assert nopatch.exit_code == 2
     assert nopatch.output.strip() == f"error: {scenario}: --patch: patch file not found: {tmp_path / 'x.diff'}"
-    for command in (["run", "--output", str(tmp_path / "out")], ["check"]):  # the scenario named, as by every patch error
+    for command in (["run", "--output", str(tmp_path / "out")], ["check"]):  # named with the scenario, as any patch
         folder = runner.invoke(app, [*command, str(scenario), "--patch", str(tmp_path)])
         assert folder.exit_code == 2, folder.output
         assert folder.output.strip() == f"error: {scenario}: --patch: a folder, not a patch file: {tmp_path}"
