@@ -41,8 +41,8 @@ demo: install
 	$(BIN)/specwake run scenarios/tiny-cpu.toml
 
 # Every drafter family that runs on CPU, stock vLLM against the reference fix and vLLM's own workaround
-# (--sleep-preserve-parameter-names 'draft.*'), the emulated discard by 0.32/0.33's and by 0.34's L2 sleep rules: one
-# combined report (47 servers: each family on Model Runner V2, stock vLLM and the fix on V1 too; DSpark and Qwen3.5 on V2).
+# (--sleep-preserve-parameter-names 'draft.*'), the emulated discard by the 0.32/0.33 rules and by the 0.34 rules:
+# one combined report (47 servers: each family on Model Runner V2, stock vLLM and the fix on V1 too; DSpark and Qwen3.5 on V2).
 # (The RL weight updates, push-*.toml and sync-*.toml, and data parallelism, dp-*.toml, have their own targets below.)
 FAMILIES := $(filter-out scenarios/cpu/push-% scenarios/cpu/sync-% scenarios/cpu/dp-%,$(wildcard scenarios/cpu/*.toml))
 

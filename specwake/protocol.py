@@ -345,6 +345,13 @@ class TransferChunk:
 # parameters the update rewrites are dropped; everything else is backed up to host memory). A scenario's
 # `discard_rules`; None: the rules of the vLLM the worker runs (release_rules).
 DISCARD_RULES = ("0.33", "0.34")
+# How docs and output name each: by the releases whose L2 sleep it follows (a bare "0.33" reads as 0.33 alone).
+RULES_NAMES = {"0.33": "0.32/0.33 rules", "0.34": "0.34 rules"}
+
+
+def rules_name(rules: str) -> str:
+    """`0.32/0.33 rules` for "0.33", `0.34 rules` for "0.34": the one wording of check, reports and docs."""
+    return RULES_NAMES.get(rules, f"{rules} rules")
 
 
 def release_rules(version: str) -> str:

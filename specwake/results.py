@@ -374,6 +374,8 @@ def _stage(data: dict[str, Any]) -> StageResult:
 def from_dict(data: dict[str, Any]) -> ScenarioResult:
     """Rebuild a ScenarioResult; raises ValueError on an unknown schema."""
     schema = data.get("schema")
+    if schema is None:
+        raise ValueError(f'not a specwake result file: no "schema" (this specwake reads {", ".join(KNOWN_SCHEMAS)})')
     if schema not in KNOWN_SCHEMAS:
         raise ValueError(f"unknown result schema {schema!r} (this specwake reads {', '.join(KNOWN_SCHEMAS)})")
     variants = []

@@ -1,5 +1,5 @@
-"""What every `specwake` command shares: one error line per problem and its exit code, `--gpus`, the run-mode,
-`--patch` and `--expect` checks `run` and `check` make alike, and SIGTERM read as Ctrl-C.
+"""What every `specwake` command shares: one error line per problem and its exit code, `--gpus`, the run-mode and
+`--expect` checks `run` and `check` make alike, and SIGTERM read as Ctrl-C.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import typer
 
 from specwake.console import Ui
 from specwake.errors import EXIT_INPUT, InputError, ScenarioErrors, SpecwakeError
-from specwake.files import what_it_is
 from specwake.judge.expectations import unknown_outcome
 from specwake.run.schedule import parse_gpu_list
 
@@ -39,11 +38,9 @@ def parse_gpus(text: str | None) -> tuple[int, ...] | None:
 def refuse_bad_run_flags(
     ui: Ui, patch: Path | None, interleave: bool, sequential: bool, expect: str | None = None
 ) -> None:
-    """Exit 2 on a --patch that is not a file, an --expect that is no outcome or comes without --patch, or two run
-    modes at once: `run` refuses them, and `check` as `run`."""
-    if patch is not None and what_it_is(patch) is not None:
-        ui.error(f"--patch: file {what_it_is(patch)}: {patch}")
-        raise typer.Exit(EXIT_INPUT)
+    """Exit 2 on an --expect that is no outcome or comes without --patch, or two run modes at once: `run` refuses
+    them, and `check` as `run`. (A --patch that is no file is the scenarios' problem, named with each:
+    specwake.prepare.scenario.)"""
     problem = unknown_outcome("--expect", expect)
     if problem is None and expect is not None and patch is None:
         problem = f"--expect {expect}: only with --patch (it is what the `patched` variant must do)"

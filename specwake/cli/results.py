@@ -9,8 +9,8 @@ import typer
 
 from specwake.cli.common import fail
 from specwake.console import Ui
-from specwake.errors import EXIT_INPUT, SpecwakeError
-from specwake.judge.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, parse_pair
+from specwake.errors import EXIT_INPUT, InputError, SpecwakeError
+from specwake.judge.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, parse_pair, same_run
 from specwake.judge.compare import exit_code as comparison_exit_code
 from specwake.report.compare import render_comparison_markdown
 from specwake.report.nights import build_trend, render_trend_markdown
@@ -120,6 +120,8 @@ def compare(
         pairs = [parse_pair(p) for p in pair or ()]
         olds = merge_shards(load_many([old], every_run=every_run, note=ui.note))
         news = merge_shards(load_many([new], every_run=every_run, note=ui.note))
+        if same_run(olds, news):
+            raise InputError(f"OLD and NEW are the same run ({old}, {new}): compare two runs")
         earlier = [merge_shards(load_many([h], every_run=every_run, note=ui.note)) for h in history or ()]
         comparisons, unmatched = compare_runs(
             olds, news, history=earlier, pairs=pairs, max_al_drop=max_al_drop, max_toks_drop=max_toks_drop,

@@ -13,7 +13,7 @@ import typer
 
 from specwake.cli.common import fail, parse_gpus, refuse_bad_run_flags, sigterm_as_ctrl_c
 from specwake.console import Ui
-from specwake.errors import EXIT_INFRA, EXIT_INTERRUPTED, SpecwakeError
+from specwake.errors import EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, SpecwakeError
 from specwake.prepare.models import cache_dir
 from specwake.run.shards import choose_shard
 
@@ -39,7 +39,10 @@ def _runner(choice: ModelRunnerChoice | None) -> str | None:
 
 
 def run(
-    scenarios: Annotated[list[Path], typer.Argument(help="Scenario TOML files.", show_default=False)],
+    scenarios: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Scenario TOML files (with --resume: taken from the run folder).", show_default=False),
+    ] = None,
     cycles: Annotated[
         int | None, typer.Option(min=1, help="Sleep/wake cycles per variant (overrides cycle.count).")
     ] = None,
@@ -104,9 +107,12 @@ def run(
 
     ui = Ui(quiet)
     refuse_bad_run_flags(ui, patch, interleave, sequential, expect)
+    if not scenarios and resume is None:
+        ui.error("SCENARIOS: name at least one scenario file (or --resume DIR to finish an interrupted run)")
+        raise typer.Exit(EXIT_INPUT)
     try:
         request = RunRequest(
-            scenarios=scenarios,
+            scenarios=scenarios or [],
             overrides=Overrides(
                 cycles=cycles,
                 tp=tp,

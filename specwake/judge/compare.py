@@ -99,7 +99,7 @@ MEASUREMENT_KEYS = (
     "workload.prompts",
     "workload.temperature",
 )
-IGNORED_KEYS = ("name", "description")  # labels, not settings
+IGNORED_KEYS = ("name", "description", "cpu_scenario")  # labels, not settings
 
 
 def _show(value: Any) -> str:
@@ -336,6 +336,16 @@ def pair_scenarios(
     paired_new = {n.name for _, n in joined}
     unmatched = sorted({n for n in by_old if n not in paired_old} | {n for n in by_new if n not in paired_new})
     return joined, unmatched
+
+
+def same_run(olds: Sequence[ScenarioResult], news: Sequence[ScenarioResult]) -> bool:
+    """Whether OLD and NEW are one run given twice (its folder, a results folder whose latest it is, or a copy of
+    it): the same run folder name and start for every scenario. A comparison of it with itself measures nothing."""
+
+    def runs(results: Sequence[ScenarioResult]) -> list[tuple[Any, str, str]]:
+        return [(r.scenario.get("run"), r.name, r.started_at) for r in results]
+
+    return bool(olds) and all(run for run, _, _ in runs(olds)) and runs(olds) == runs(news)
 
 
 def compare_runs(

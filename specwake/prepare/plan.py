@@ -10,6 +10,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from specwake.errors import PlatformMismatch
@@ -151,8 +152,8 @@ def resolve_discard(scenario: Scenario, sleep_mode: bool, platform: str) -> str:
         return "native" if sleep_mode else "emulated"
     if wanted == "native" and not sleep_mode:
         raise PlatformMismatch(
-            f"{scenario.file}: cycle.discard: "
-            f"'native' needs vLLM sleep mode, which is not available on {platform}; use 'auto' or 'emulated'",
+            f"{scenario.file}: cycle.discard: {gpu_scenario(scenario)}: 'native' needs vLLM sleep mode, which vLLM"
+            f" on {platform} lacks; {elsewhere(scenario)}"
         )
     if wanted == "emulated" and sleep_mode:
         raise PlatformMismatch(
@@ -160,6 +161,22 @@ def resolve_discard(scenario: Scenario, sleep_mode: bool, platform: str) -> str:
             f"'emulated' is for platforms without sleep mode; {platform} has real L2 sleep, use 'auto' or 'native'",
         )
     return wanted
+
+
+def gpu_scenario(scenario: Scenario) -> str:
+    """`GPU scenario (needs 2 GPUs)`: the devices one machine gives a variant of it (server.ranks)."""
+    count = scenario.server.ranks
+    return f"GPU scenario (needs {count} GPU{'' if count == 1 else 's'})"
+
+
+def elsewhere(scenario: Scenario) -> str:
+    """Where a GPU scenario's family runs without GPUs: its `cpu_scenario` (shown from the working folder where it lies
+    below it). Never a setting of its own: one that lets it start on a CPU starts its GPU-sized models there."""
+    cpu = scenario.cpu_scenario
+    if cpu is None:
+        return "run it on a machine with GPUs"
+    shown = cpu.relative_to(Path.cwd()) if cpu.is_relative_to(Path.cwd()) else cpu
+    return f"on CPU run {shown}"
 
 
 def speculative_config(scenario: Scenario, draft_model: str | None) -> dict[str, Any]:

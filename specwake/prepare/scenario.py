@@ -117,6 +117,7 @@ class Scenario:
     tolerance: float
     min_speedup_recovery: float | None = None  # None: not set (see verdict.speed_rule)
     limits: Limits = Limits()
+    cpu_scenario: Path | None = None  # the CPU scenario of the same family, for a GPU scenario on a CPU
 
     @property
     def server(self) -> ServerSection:
@@ -188,14 +189,49 @@ class Overrides:
 
 def _error_from_validation(file: str, exc: ValidationError) -> ScenarioError:
     """Every problem pydantic found, the first as the key of the one line, the others after it."""
-    problems = [_problem(err) for err in exc.errors()]
+    problems = [_problem(err) for err in _one_per_union(exc.errors())]
     (loc, msg), rest = problems[0], problems[1:]
     return ScenarioError(file, loc, msg + "".join(f"; {key}: {text}" if key else f"; {text}" for key, text in rest))
 
 
+def _one_per_union(errors: list[Any]) -> list[Any]:
+    """A value that fits no member of a union (`level: 1 | 2 | list of them`) gets one error, not one per member:
+    that of the member its shape is (a list, or a single value), and a single value that is no list says a list
+    is allowed too — not "Input should be a valid list" beside "Input should be 1 or 2"."""
+    kept: list[Any] = []
+    for err in errors:
+        loc = [str(part) for part in err["loc"]]
+        tag = next((i for i, part in enumerate(loc) if _union_tag(part, err)), None)
+        if tag is None:
+            kept.append(err)
+            continue
+        siblings = [e for e in errors if [str(p) for p in e["loc"]][:tag] == loc[:tag]]
+        inner = [e for e in siblings if len(e["loc"]) > tag + 1]  # inside a list member: the value was a list
+        chosen = inner or [e for e in siblings if not e["type"].endswith("_type")] or siblings[:1]
+        if err is not chosen[0]:
+            continue
+        if not inner and any(e["type"] == "list_type" for e in siblings) and err["type"] != "list_type":
+            err = {**err, "msg": f"{err['msg']} (or a list of them)"}
+        kept += [_as_item(e, tag) for e in (err, *chosen[1:])]
+    return kept
+
+
+def _as_item(err: Any, tag: int) -> Any:
+    """An error inside a list member, keyed by the list the user wrote: `cycle.level: item 1: …`."""
+    inside = err["loc"][tag + 1 :]
+    if not inside or not isinstance(inside[0], int):
+        return err
+    return {**err, "loc": err["loc"][: tag + 1] + inside[1:], "msg": f"item {inside[0] + 1}: {err['msg']}"}
+
+
+def _union_tag(part: str, err: Any) -> bool:
+    """Whether a part of an error's location is the tag a union adds for its member ("literal[1,2]", "str")."""
+    return err["type"] != "extra_forbidden" and ("[" in part or part in ("str", "int", "float", "bool"))
+
+
 def _problem(err: Any) -> tuple[str, str]:
     # A union adds its member's tag to the location ("cycle.level.literal[1,2]"): the key is what users wrote.
-    loc = ".".join(str(part) for part in err["loc"] if "[" not in str(part))
+    loc = ".".join(str(part) for part in err["loc"] if not _union_tag(str(part), err))
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         *parent, key = [str(p) for p in err["loc"]]
@@ -298,7 +334,19 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
             **{k: float(v) for k, v in doc.expect.items() if k in LIMIT_KEYS},
             graph_safe=bool(doc.expect.get("graph_safe", True)),
         ),
+        cpu_scenario=_cpu_scenario(shown, file, doc.cpu_scenario),
     )
+
+
+def _cpu_scenario(shown: str, file: Path, written: str | None) -> Path | None:
+    """`cpu_scenario`, found from the scenario's folder; ScenarioError when no file is there."""
+    if written is None:
+        return None
+    path = (file.parent / written).expanduser()
+    problem = what_it_is(path)
+    if problem is not None:
+        raise ScenarioError(shown, "cpu_scenario", f"{'file not found' if problem == 'not found' else problem}: {path}")
+    return path.resolve()
 
 
 def _read_toml(file: Path, shown: str) -> tuple[bytes, dict[str, Any]]:
@@ -454,7 +502,9 @@ def _resolve_patch(
 
 
 def _existing_patch(shown: str, key: str, patch: Path) -> Path:
+    """The patch a variant's `patch` or --patch names, a regular file; ScenarioError naming the scenario and key."""
     problem = what_it_is(patch)
     if problem is not None:
-        raise ScenarioError(shown, key, f"patch file {problem}: {patch}")
+        said = {"not found": "patch file not found", "a folder, not a file": "a folder, not a patch file"}
+        raise ScenarioError(shown, key, f"{said.get(problem, f'patch file is {problem}')}: {patch}")
     return patch

@@ -319,6 +319,9 @@ class ScenarioFile(_Strict):
 
     name: str | None = None
     description: str = ""
+    # The CPU scenario of the same drafter family (a path from this file's folder): what a scenario that needs GPUs
+    # names on a machine without them.
+    cpu_scenario: str | None = None
     server: ServerSection
     speculative: dict[str, Any]
     workload: WorkloadSection = WorkloadSection()

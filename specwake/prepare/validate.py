@@ -28,6 +28,7 @@ from specwake.prepare.models import builder_env
 from specwake.prepare.plan import INSPECT_IN_PROCESS, TRITON_ON_CPU, model_flags, speculative_config
 from specwake.prepare.prompts import probe_prompt
 from specwake.prepare.scenario import Scenario, Variant
+from specwake.prepare.scenario_file import did_you_mean
 from specwake.prepare.speculation import REQUESTS_AT_ONCE, check_speculation, speculation_line
 from specwake.protocol import TRANSFER_FLAG
 
@@ -126,6 +127,9 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
         reason = f"not a field of vLLM {version}'s SpeculativeConfig ({hint}valid: {', '.join(valid)})"
         raise ScenarioError(file, f"speculative.{key}", reason)
     for key, reason in (answer.get("bad_values") or {}).items():
+        choices = list((answer.get("choices") or {}).get(key) or [])
+        if choices:  # not vLLM's list of every name (39 methods in 0.32): the nearest
+            reason = not_a_choice(scenario.speculative.get(key), choices)
         raise ScenarioError(file, f"speculative.{key}", f"vLLM {version}: {reason}")
     if answer.get("args_error"):
         raise ScenarioError(file, "server.args", f"vLLM {version}'s argument parser: {answer['args_error']}")
@@ -157,6 +161,16 @@ def check_answer(scenario: Scenario, variant: Variant, answer: dict[str, Any]) -
         problem = str(answer["semantic_problem"])
         reason = f"vLLM {version}'s SpeculativeConfig refuses it: {problem}"
         raise ScenarioError(file, _semantic_key(scenario, problem), reason)
+
+
+def not_a_choice(value: Any, choices: list[str]) -> str:
+    """`'eagle4' is not one of its 39 methods (did you mean 'eagle3'?)`, or the three nearest where none is close."""
+    word = str(value)
+    hint = did_you_mean(word, choices)
+    if not hint:
+        nearest = difflib.get_close_matches(word, choices, n=3, cutoff=0)
+        hint = f" (nearest: {', '.join(map(repr, nearest))})"
+    return f"{value!r} is not one of its {len(choices)} choices{hint}"
 
 
 def _semantic_key(scenario: Scenario, problem: str) -> str:

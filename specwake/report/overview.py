@@ -60,7 +60,12 @@ def _folder(result: ScenarioResult) -> str:
     return f"shard {shard}" if shard else f"run {run}" if run else f"started {result.started_at}"
 
 
-DESCRIBE: tuple[Describe, ...] = (_patches, _patch_hashes, _variants, _vllm, _scenario_file, _folder)
+def _folder_path(result: ScenarioResult) -> str:
+    """The whole run folder: two runs started in one second under different `--output` folders share its name."""
+    return f"in {_run_folder(result)}"
+
+
+DESCRIBE: tuple[Describe, ...] = (_patches, _patch_hashes, _variants, _vllm, _scenario_file, _folder, _folder_path)
 
 
 def run_labels(results: Sequence[ScenarioResult]) -> list[str]:
@@ -80,6 +85,8 @@ def run_labels(results: Sequence[ScenarioResult]) -> list[str]:
                     words.append(text)
             if len({tuple(words) for words in chosen}) == len(runs):
                 break
+        if len({tuple(words) for words in chosen}) < len(runs):  # nothing tells them apart (one file given twice)
+            chosen = [[*words, f"#{n}"] for n, words in enumerate(chosen, 1)]
         for i, words in zip(runs, chosen, strict=True):
             labels[i] = f"{name} ({'; '.join(words)})" if words else name
     return labels

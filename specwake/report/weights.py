@@ -23,6 +23,7 @@ from specwake.protocol import (
     VALUES,
     DiscardAnswer,
     Fingerprint,
+    rules_name,
 )
 from specwake.results import CheckerReading, Diagnostic
 
@@ -207,7 +208,7 @@ def discard_line(steps: Sequence[Any]) -> str | None:
     if not answers or any(answer is None for answer in answers):
         return None
     found = [answer for answer in answers if answer is not None]
-    how = ["emulated"] + sorted({f"{a.rules} rules" for a in found if a.rules})
+    how = ["emulated"] + sorted({rules_name(a.rules) for a in found if a.rules})
     how += sorted({f"preserving {' '.join(a.preserve)}" for a in found if a.preserve})
     texts = [_discard_text(answer) for answer in found]
     if len(set(texts)) == 1:

@@ -39,7 +39,7 @@ from specwake.prepare.variants import (
     untested_releases,
     validate_run,
 )
-from specwake.protocol import ROLES, PushRequest
+from specwake.protocol import ROLES, PushRequest, rules_name
 from specwake.run.cycle import cycle_steps
 from specwake.run.runner import Work, mode_line, packing_mode, server_jobs
 from specwake.run.schedule import plan_schedule
@@ -264,7 +264,7 @@ def describe(
             if prep.overlay.skipped_files:
                 lines.append(f"    skipped (outside vllm/): {', '.join(prep.overlay.skipped_files)}")
         rules = emulated_rules(prep)
-        lines.append(f"    L2 discard: {prep.l2_discard}" + (f", {rules} rules" if rules else ""))
+        lines.append(f"    L2 discard: {prep.l2_discard}" + (f", {rules_name(rules)}" if rules else ""))
         for r, plan in enumerate(servers):
             if plan.node:
                 nodes = scenario.server.nodes

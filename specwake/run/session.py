@@ -12,6 +12,7 @@ from pathlib import Path
 
 from specwake.errors import EXIT_INTERRUPTED, EXIT_PASS, InputError, Interrupted
 from specwake.events import Event, Events
+from specwake.files import what_it_is
 from specwake.judge.crashes import INPUT_REJECTED
 from specwake.judge.verdict import exit_code
 from specwake.prepare.memory import refuse_short_memory
@@ -60,22 +61,41 @@ class RunOutcome:
     note: str | None = None
 
 
-def _previous(resume: Path, scenarios: Sequence[Scenario]) -> dict[str, ScenarioResult]:
-    """Results of an interrupted run folder, by scenario name; the scenario files must be unchanged."""
+def _recorded(resume: Path) -> dict[str, ScenarioResult]:
+    """The results of the run folder --resume names, by scenario name; InputError when it holds none."""
     if not resume.is_dir():
         raise InputError(f"--resume: not a run folder: {resume}")
-    found: dict[str, ScenarioResult] = {}
-    for path in scenario_results(resume):
-        result = load_result(path)
-        found[result.name] = result
+    found = {result.name: result for result in map(load_result, scenario_results(resume))}
+    if not found:
+        raise InputError(f"--resume: no {RESULT_FILE} in {resume}")
+    return found
+
+
+def recorded_scenarios(resume: Path) -> list[Path]:
+    """The scenario files an interrupted run folder ran (each result names its file), for `run --resume DIR` without
+    them; InputError naming the folder and the file when one is no longer there to read."""
+    files = []
+    for result in _recorded(resume).values():
+        recorded = str(result.scenario.get("file") or "")
+        problem = what_it_is(Path(recorded)) if recorded else "no file recorded"
+        if problem is not None:
+            raise InputError(
+                f"--resume: {resume} ran scenario {result.name} from {recorded or '?'}: {problem}; name its file:"
+                f" specwake run FILE --resume {resume}"
+            )
+        files.append(Path(recorded))
+    return files
+
+
+def _previous(resume: Path, scenarios: Sequence[Scenario]) -> dict[str, ScenarioResult]:
+    """Results of an interrupted run folder, by scenario name; the scenario files must be unchanged."""
+    found = _recorded(resume)
     for scenario in scenarios:
         old = found.get(scenario.name)
         if old is not None and old.scenario.get("sha256") != scenario.sha256:
             raise InputError(f"--resume: {scenario.file} changed since {resume} was run (scenario sha256 differs)")
         if old is not None and old.scenario.get("settings", {}).get("cycle") != scenario.settings()["cycle"]:
             raise InputError(f"--resume: {scenario.name}: cycle settings differ from the interrupted run (same flags?)")
-    if not found:
-        raise InputError(f"--resume: no {RESULT_FILE} in {resume}")
     return found
 
 
@@ -101,7 +121,10 @@ def _layout(request: RunRequest, scenarios: Sequence[Scenario]) -> RunLayout:
 def execute(request: RunRequest, events: Events) -> RunOutcome:
     """Everything `specwake run` does; raises SpecwakeError subclasses for input (2) and infrastructure (3)."""
     gpus, shard = request.gpus, request.shard
-    scenarios = list(request.loaded) or [load_scenario(path, request.overrides) for path in request.scenarios]
+    files = request.scenarios
+    if not files and not request.loaded and request.resume is not None:  # the run folder knows what it ran
+        files = recorded_scenarios(request.resume)
+    scenarios = list(request.loaded) or [load_scenario(path, request.overrides) for path in files]
     refuse_same_names(scenarios)
     jobs = [(f"{s.name}/{v.name}", s.server.ranks) for s in scenarios for v in s.variants]
     mine = jobs_of(shard, jobs) if shard is not None else None
@@ -233,6 +256,8 @@ def refuse_same_names(scenarios: Sequence[Scenario]) -> None:
     seen: dict[str, Scenario] = {}
     for scenario in scenarios:
         first = seen.setdefault(scenario.name, scenario)
+        if first is not scenario and first.file == scenario.file:
+            raise InputError(f"{scenario.file}: given twice; name each scenario file once")
         if first is not scenario:
             raise InputError(
                 f"{scenario.file}: name: {scenario.name!r} is also the name of {first.file}; two scenarios of one run"

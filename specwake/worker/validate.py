@@ -5,11 +5,11 @@ every variant of a run that uses this interpreter: importing vLLM takes seconds,
 Requests: a JSON list of {"model": str, "speculative": {...}, "args": [...], "variant_args": [...], "prompts": [...],
 "max_model_len": int|null, "syncs": bool, "draft_session": bool, "batch_size": int}.
 Answer (one line): a list, in order, of {"vllm": version, "valid_keys": [...], "unknown_keys": [...], "bad_values":
-{key: reason}, "args_error": str|null, "variant_args_error": str|null, "too_long": {"index": i, "tokens": n, "limit":
-max_model_len}|null, "transfer_problem": str|null, "speculation": {...}|null (`speculation_in_force`), "skipped":
-[reason, ...]} — the variant's arguments are parsed after the server's; prompts are counted with the model's own
-tokenizer where the model is local (a folder, or the Hugging Face cache), and `skipped` says which of those checks
-could not run and why.
+{key: reason}, "choices": {key: [the values a Literal field allows], for a bad value of one}, "args_error":
+str|null, "variant_args_error": str|null, "too_long": {"index": i, "tokens": n, "limit": max_model_len}|null,
+"transfer_problem": str|null, "speculation": {...}|null (`speculation_in_force`), "skipped": [reason, ...]} — the
+variant's arguments are parsed after the server's; prompts are counted with the model's own tokenizer where the model
+is local (a folder, or the Hugging Face cache), and `skipped` says which of those checks could not run and why.
 SpeculativeConfig is a pydantic dataclass with extra keys forbidden, but vLLM validates it only when it builds the
 engine config, minutes into a GPU start; `--speculative-config` itself is parsed as plain JSON.
 """
@@ -34,7 +34,7 @@ def speculative_problems(spec: dict[str, Any]) -> dict[str, Any]:
 
     fields: dict[str, Any] = SpeculativeConfig.__pydantic_fields__  # type: ignore[attr-defined]
     valid = sorted(name for name in fields if name not in INTERNAL_FIELDS)
-    unknown, bad = [], {}
+    unknown, bad, choices = [], {}, {}
     for key, value in spec.items():
         name = key.replace("-", "_")  # vLLM accepts dashed keys too
         if name not in valid:
@@ -46,9 +46,21 @@ def speculative_problems(spec: dict[str, Any]) -> dict[str, Any]:
             TypeAdapter(fields[name].annotation).validate_python(value)
         except ValidationError as exc:
             bad[key] = str(exc.errors()[0].get("msg", exc)).splitlines()[0]
+            if exc.errors()[0].get("type") == "literal_error":  # `method`: its names, for a "did you mean"
+                choices[key] = literal_choices(fields[name].annotation)
         except (ValueError, TypeError, KeyError) as exc:  # a before-validator's refusal
             bad[key] = (str(exc) or type(exc).__name__).splitlines()[0]
-    return {"valid_keys": valid, "unknown_keys": unknown, "bad_values": bad}
+    return {"valid_keys": valid, "unknown_keys": unknown, "bad_values": bad, "choices": choices}
+
+
+def literal_choices(annotation: Any) -> list[str]:
+    """The string values a field's Literal types allow, through unions and nested Literals (`method`:
+    SpeculativeMethod | None, itself Literals of Literals)."""
+    from typing import Literal, get_args, get_origin
+
+    if get_origin(annotation) is Literal:
+        return [a for a in get_args(annotation) if isinstance(a, str)]
+    return [choice for member in get_args(annotation) for choice in literal_choices(member)]
 
 
 def _before_validators(cls: Any, name: str) -> list[Any]:

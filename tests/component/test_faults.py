@@ -300,6 +300,42 @@ def test_a_cancelled_run_still_writes_its_junit_and_prints_its_report(
     assert shown.returncode == 0 and finish in shown.stdout, shown.stdout
 
 
+def test_resume_without_naming_the_scenario_takes_it_from_the_run_folder(engine: FakeEngine, tmp_path: Path) -> None:
+    """`run --resume DIR` alone finishes the run: the folder's result names the scenario file it ran. Only the
+    variant left incomplete starts again; a scenario file that is gone is one line naming it, exit 2."""
+    proc, out = run(engine, tmp_path, scenario_text(engine, variants={"baseline": {}, "second": {}}), "--sequential")
+    assert proc.returncode == 0, proc.stderr
+    folder = one_run_dir(out)
+    data = json.loads((folder / "result.json").read_text())
+    cut = variant(data, "second")
+    cut.update(outcome="incomplete", stages=[], steps=[], diagnostics=[], findings=[])
+    data["complete"], data["finished_at"] = False, None
+    (folder / "result.json").write_text(json.dumps(data))
+    started = len(engine.launched())
+    resumed = run_cli(["run", "--resume", str(folder), "--sequential", "--quiet"], tmp_path / "cache")
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(engine.launched()) == started + 1  # the second variant alone
+    done = result_of(out)
+    assert done["complete"] is True and variant(done, "second")["outcome"] != "incomplete"
+    assert variant(done, "baseline") == variant(data, "baseline")  # kept as it was
+    (tmp_path / "s.toml").rename(tmp_path / "moved.toml")
+    gone = run_cli(["run", "--resume", str(folder), "--quiet"], tmp_path / "cache")
+    assert gone.returncode == 2, gone.stderr
+    assert gone.stderr.strip().splitlines() == [
+        f"error: --resume: {folder} ran scenario s from {tmp_path / 's.toml'}: not found; name its file:"
+        f" specwake run FILE --resume {folder}"
+    ]
+    assert len(engine.launched()) == started + 1
+
+
+def test_run_without_a_scenario_or_resume_is_one_line() -> None:
+    result = CliRunner().invoke(app, ["run", "--quiet"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        "error: SCENARIOS: name at least one scenario file (or --resume DIR to finish an interrupted run)"
+    ]
+
+
 # -- 6. Two runs at once --------------------------------------------------------------------------------
 
 

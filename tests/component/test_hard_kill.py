@@ -20,7 +20,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specwake.cli import app
-from specwake.run.groups import boot_id, pid_namespace, start_ticks
+from specwake.run import leftovers
+from specwake.run.groups import boot_id, live_group_members, pid_namespace, start_ticks
 from specwake.run.leftovers import ServerRecord, registry_dir, remember
 from specwake.run.lifeline import Lifeline
 from specwake.run.server import Server, ServerSpec, free_port
@@ -215,9 +216,14 @@ def test_a_later_run_names_what_a_dead_run_left_and_can_stop_it(engine: FakeEngi
     assert engine.survivors() == [] and records(cache) == []
 
 
-def test_leftovers_stop_ends_a_recorded_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A group recorded by a run that is gone (a record written by hand: its specwake and watchdog never existed)."""
+@pytest.mark.parametrize("survives", [False, True])
+def test_leftovers_stop_ends_a_recorded_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, survives: bool) -> None:
+    """A group recorded by a run that is gone (a record written by hand: its specwake and watchdog never existed).
+    One that outlives --stop (a process no signal ends, stood in for by a stop that sends none) is exit 3, its record
+    kept (docs/reliability.md)."""
     monkeypatch.setenv("SPECWAKE_CACHE", str(tmp_path / "cache"))
+    if survives:
+        monkeypatch.setattr(leftovers, "end_group", lambda pgid, grace_s: live_group_members(pgid))
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     try:
         start = start_ticks(sleeper.pid)
@@ -227,6 +233,11 @@ def test_leftovers_stop_ends_a_recorded_group(tmp_path: Path, monkeypatch: pytes
         record = ServerRecord(sleeper.pid, start, 8000, str(log), 1, -1, 1, -1, boot, namespace, "2026-01-01T00:00:00")
         remember(registry_dir(tmp_path / "cache"), record)
         code, _, err = cli("leftovers", "--stop")
+        if survives:
+            assert code == 3, err
+            assert err.strip().splitlines()[-1] == "error: 1 leftover server(s) survived SIGKILL"
+            assert sleeper.poll() is None and len(records(tmp_path / "cache")) == 1
+            return
         assert code == 0, err
         assert f"stopped server group {sleeper.pid} (1 process, port 8000, since 2026-01-01T00:00:00): {log}" in err
         assert sleeper.wait(timeout=5) == -signal.SIGTERM

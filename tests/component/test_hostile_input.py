@@ -107,6 +107,7 @@ NEW_CASES: dict[str, Case] = {
     "startup timeout zero": _scenario_case(
         FAKE.replace("[server]", "[server]\nstartup_timeout_s = 0"), "server.startup_timeout_s", "greater than 0"
     ),
+    "cpu_scenario missing": _scenario_case('cpu_scenario = "none.toml"\n' + FAKE, "cpu_scenario", "file not found"),
     "scenario name climbs out of --output": _scenario_case('name = "../../etc"\n' + FAKE, "name", "safe path"),
     "scenario name with a slash": _scenario_case('name = "a/b"\n' + FAKE, "name", "safe path component"),
     "scenario name empty": _scenario_case('name = ""\n' + FAKE, "name", "safe path component"),
@@ -117,8 +118,9 @@ NEW_CASES: dict[str, Case] = {
     "--gpus bad": _flag_case(["--gpus", "zero-7"], "--gpus", "zero"),
     "--gpus reversed": _flag_case(["--gpus", "7-0"], "--gpus", "7-0"),
     "--variant unknown": _flag_case(["--variant", "nope"], "--variant", "no variant 'nope'"),
-    "--patch missing": _flag_case(["--patch", "@TMP@/none.diff"], "--patch", "file not found"),
-    "--patch that does not apply": _flag_case(["--patch", "@TMP@/turbo.diff"], "--patch", "drafter_reload.py"),
+    "--patch missing": _flag_case(["--patch", "@TMP@/none.diff"], "s.toml: --patch", "patch file not found"),
+    "--patch a folder": _flag_case(["--patch", "@TMP@"], "s.toml: --patch", "a folder, not a patch file"),
+    "--patch that does not apply": _flag_case(["--patch", "@TMP@/turbo.diff"], "s.toml: --patch", "drafter_reload.py"),
     "two run modes": _flag_case(["--interleave", "--sequential"], "--interleave, --sequential", "choose one"),
     "--expect not an outcome": _flag_case(
         ["--patch", "@TMP@/turbo.diff", "--expect", "fixed"], "--expect fixed", "not an outcome (one of recover,"

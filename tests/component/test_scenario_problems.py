@@ -54,3 +54,19 @@ def test_check_says_an_l1_variant_on_cpu_tests_nothing(engine: FakeEngine, tmp_p
     rules = proc.stdout.split("decides (first rule that applies):")[1].splitlines()[1 : len(RULES) + 1]
     listed = [line.split()[0] for line in rules]
     assert listed == [rule.outcome for rule in RULES]  # check prints the code's table, in its order
+
+
+def test_a_gpu_scenario_on_a_cpu_names_its_cpu_scenario_and_no_setting(engine: FakeEngine, tmp_path: Path) -> None:
+    """Exit 3 with one line: how many GPUs it needs and the CPU scenario of its family, never a `cycle.discard`
+    value that would start its (GPU-sized) servers here."""
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "twin.toml").write_text(scenario_text(engine))
+    text = 'cpu_scenario = "cpu/twin.toml"\n' + scenario_text(engine, tensor_parallel_size=2)
+    proc, out = run(engine, tmp_path, text.replace("[cycle]\n", '[cycle]\ndiscard = "native"\n'))
+    assert proc.returncode == 3, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: {tmp_path / 's.toml'}: cycle.discard: GPU scenario (needs 2 GPUs): 'native' needs vLLM sleep mode,"
+        f" which vLLM on cpu lacks; on CPU run {tmp_path / 'cpu' / 'twin.toml'}"
+    ]
+    assert engine.launched() == [] and not out.exists()

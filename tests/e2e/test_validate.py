@@ -35,6 +35,11 @@ CASES = {
         "speculative.speculative_token_tree",
         "vLLM",
     ),
+    "a method vLLM does not know: the nearest, not every name": (
+        MINIMAL.replace('method = "draft_model"', 'method = "draft-model"'),
+        "speculative.method",
+        "choices (did you mean 'draft_model'?)",
+    ),
     "server argument vLLM does not know": (
         MINIMAL.replace("[server]", '[server]\nargs = ["--max-num-seqz", "4"]'),
         "server.args",

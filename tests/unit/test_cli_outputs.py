@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from specwake.cli import app
 from specwake.report import run_files
-from specwake.results import ScenarioResult
+from specwake.results import KNOWN_SCHEMAS, ScenarioResult
 from specwake.runfolder import load_result, write_files
 from tests.helpers.paths import DATA
 
@@ -83,6 +83,34 @@ def test_report_bad_input(tmp_path: Path) -> None:
         result = runner.invoke(app, ["report", str(tmp_path / name)])
         assert result.exit_code == 2, name
         assert phrase in result.output and name in result.output
+    (tmp_path / "empty.json").write_text("{}")
+    empty = runner.invoke(app, ["report", str(tmp_path / "empty.json")])
+    assert empty.exit_code == 2 and empty.output.strip() == (
+        f'error: {tmp_path / "empty.json"}: not a specwake result file: no "schema" (this specwake reads'
+        f" {', '.join(KNOWN_SCHEMAS)})"
+    )
+
+
+def in_folder(result: ScenarioResult, folder: Path) -> ScenarioResult:
+    """The result as a run in `folder` writes it: its server logs inside the folder."""
+    return replace(
+        result, variants=[replace(v, log_path=str(folder / "logs" / f"{v.name}.log")) for v in result.variants]
+    )
+
+
+def test_runs_of_one_second_under_two_output_folders_keep_distinct_labels(tmp_path: Path) -> None:
+    """Shards or machines that started in one second write run folders of one name into different `--output`
+    folders: the merged report names each by its whole folder, and one result given twice by its place."""
+    one, two = (tmp_path / out / "20260101-000000-tiny-cpu" for out in ("night-a", "night-b"))
+    for folder in (one, two):
+        save(folder, in_folder(load_result(SAMPLE), folder))
+    shown = CliRunner().invoke(app, ["report", str(one), str(two)])
+    assert shown.exit_code == 0, shown.output
+    headings = [line for line in shown.stdout.splitlines() if line.startswith("### tiny-cpu")]
+    assert [h.split(" — ")[0] for h in headings] == [f"### tiny-cpu (in {one})", f"### tiny-cpu (in {two})"]
+    twice = CliRunner().invoke(app, ["report", str(one), str(one)])
+    headings = [line.split(" — ")[0] for line in twice.stdout.splitlines() if line.startswith("### tiny-cpu")]
+    assert headings == ["### tiny-cpu (#1)", "### tiny-cpu (#2)"]
 
 
 def test_compare_exit_codes(tmp_path: Path) -> None:
@@ -100,6 +128,20 @@ def test_compare_exit_codes(tmp_path: Path) -> None:
     assert other.exit_code == 0 and "The scenario files differ" in other.output  # compared, and said so
     unknown = runner.invoke(app, ["compare", str(old), str(tmp_path / "other"), "--history", str(tmp_path / "nope")])
     assert unknown.exit_code == 2 and "nope" in unknown.output
+
+
+def test_comparing_a_run_with_itself_is_one_line_exit_2(tmp_path: Path) -> None:
+    """The run folder twice, or a results folder whose latest run it is: nothing would be compared."""
+    run = save(tmp_path / "results" / "20260101-000000-tiny-cpu", load_result(SAMPLE))
+    for old, new in ((run, run), (run, tmp_path / "results")):
+        shown = CliRunner().invoke(app, ["compare", str(old), str(new)])
+        assert shown.exit_code == 2, shown.output
+        assert (
+            shown.stderr.strip().splitlines()[-1]
+            == f"error: OLD and NEW are the same run ({old}, {new}): compare two runs"
+        )
+    copy = save(tmp_path / "earlier" / "20251231-000000-tiny-cpu", load_result(SAMPLE))  # an equal run, not this one
+    assert CliRunner().invoke(app, ["compare", str(copy), str(run)]).exit_code == 0
 
 
 def test_compare_picks_latest_run_in_a_results_folder(tmp_path: Path) -> None:

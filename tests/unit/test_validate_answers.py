@@ -33,3 +33,45 @@ def test_a_refusal_of_speculative_config_names_the_key_it_is_about(
     with pytest.raises(ScenarioError) as refused:
         check_answer(scenario, scenario.variants[0], {"vllm": "0.32.0", "semantic_problem": problem})
     assert str(refused.value) == f"{file}: {key}: vLLM 0.32.0's SpeculativeConfig refuses it: {problem}"
+
+
+# vLLM 0.32's SpeculativeMethod, as its validation program reads it from the Literal types (a few of its 39 names)
+METHODS = ["ngram", "medusa", "draft_model", "eagle", "eagle3", "deepseek_mtp", "mimo_mtp", "mtp", "dflash", "dspark"]
+
+
+@pytest.mark.parametrize(
+    ("method", "hint"),
+    [
+        ("draft-model", "(did you mean 'draft_model'?)"),
+        ("eagle_3", "(did you mean 'eagle3'?)"),
+        ("frobnicate", "(nearest: "),
+    ],
+)
+def test_an_unknown_method_gets_a_did_you_mean_not_every_name(tmp_path: Path, method: str, hint: str) -> None:
+    file = tmp_path / "s.toml"
+    file.write_text(MINIMAL.replace('method = "draft_model"', f'method = "{method}"'))
+    scenario = load_scenario(file)
+    answer = {"vllm": "0.32.0", "bad_values": {"method": "Input should be " + ", ".join(map(repr, METHODS))}}
+    with pytest.raises(ScenarioError) as refused:
+        check_answer(scenario, scenario.variants[0], answer | {"choices": {"method": METHODS}})
+    said = str(refused.value)
+    assert said.startswith(f"{file}: speculative.method: vLLM 0.32.0: {method!r} is not one of its 10 choices {hint}")
+    assert said.count("'") <= 8 and len(said) < len(str(file)) + 130, said  # at most three names, not the list
+
+
+def test_the_validation_program_reads_every_name_of_nested_literals() -> None:
+    """vLLM's `method: SpeculativeMethod | None`, SpeculativeMethod a Literal of Literals (config/speculative.py)."""
+    from typing import Literal, Optional
+
+    from specwake.worker.validate import literal_choices
+
+    mtp = Literal["deepseek_mtp", "mtp"]
+    eagle = Literal["eagle", "eagle3", mtp]
+    assert literal_choices(Optional[Literal["ngram", "draft_model", eagle]]) == [  # noqa: UP045 (vLLM's own form)
+        "ngram",
+        "draft_model",
+        "eagle",
+        "eagle3",
+        "deepseek_mtp",
+        "mtp",
+    ]

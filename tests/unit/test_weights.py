@@ -3,12 +3,14 @@ them."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from specwake.judge.weights import moved, restored, worst_restore
 from specwake.report.details import details
 from specwake.report.weights import checker_line, discard_line, weights_line
 from specwake.results import Diagnostic, StepResult
+from tests.helpers.paths import REPO
 
 
 def part(differ: int, compared: int = 7, **fields: Any) -> dict[str, Any]:
@@ -138,6 +140,16 @@ def test_the_discard_line_names_the_rules_the_preserved_patterns_and_what_they_k
         " 7 packed CPU weights, 1 buffers; 2 tensor attributes, 9 buffers kept · draft: 1 parameters, 0 tensor"
         " attributes; 8 parameters, 7 packed CPU weights, 7 buffers kept"
     )
+
+
+def test_the_rules_of_vllm_0_32_and_0_33_are_named_as_the_docs_name_them() -> None:
+    """A discard by "0.33" reads `0.32/0.33 rules` in reports (and `check`), the one wording README.md and
+    docs/how-it-works.md use; never `0.33 rules`, which reads as 0.33 alone."""
+    answer = {"rules": "0.33", "target": {"parameter": 15, "attribute": 0, "packed": 0, "buffer_kept": 1}}
+    line = discard_line([discard_step(answer)])
+    assert line is not None and line.startswith("discarded (emulated, 0.32/0.33 rules) — ")
+    docs = (REPO / "README.md").read_text() + (REPO / "docs" / "how-it-works.md").read_text()
+    assert "0.32/0.33 rules" in docs and not re.search(r"[^/]0\.33(?:'s)? rules", docs)
 
 
 def test_the_discard_line_is_a_bullet_of_the_diagnostics_like_its_neighbours() -> None:
