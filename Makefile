@@ -71,7 +71,7 @@ dp: install
 releases: $(DEV_STAMP)
 	$(BIN)/python -m tests.helpers.release_check $(if $(TREE),--tree "$(TREE)") $(if $(VERSION),--version "$(VERSION)")
 
-# The unit tier: in-process, no server, no subprocess; about 40 s. Run it after every change.
+# The unit tier: in-process, no server, no subprocess (its time: the README). Run it after every change.
 check: install
 	$(BIN)/python -m pytest tests/unit -q
 

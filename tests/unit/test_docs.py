@@ -1,6 +1,6 @@
-"""Docs match the code: every command has help text and appears in the README (its flags: test_doc_commands.py); every
-relative link resolves inside the repository; every scenario key, [expect] number, expectation and outcome is
-documented where the docs say it is."""
+"""Docs match the code: every command has help text and appears in the README (its flags: test_doc_commands.py); the
+README links every docs page; every relative link resolves inside the repository; every scenario key, [expect] number,
+expectation and outcome is documented where the docs say it is."""
 
 from __future__ import annotations
 
@@ -76,6 +76,13 @@ def test_the_help_of_sequential_says_what_the_mode_lines_of_a_run_say() -> None:
 
 def test_readme_gives_the_two_commands() -> None:
     assert "make demo" in README and "make test" in README
+
+
+def test_the_readme_links_every_docs_page() -> None:
+    """The README is where a newcomer starts: every page of docs/ must be reachable from it."""
+    linked = {target.split("#", 1)[0] for target in link_targets(README)}
+    pages = {f"docs/{page.name}" for page in DOCS.glob("*.md")}
+    assert pages - linked == set(), f"README.md links no {sorted(pages - linked)}"
 
 
 # -- Markdown helpers -----------------------------------------------------------------------------------
