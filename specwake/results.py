@@ -61,6 +61,9 @@ class StageResult:
     prefix_cached_repeat: int | None = None  # the same probe again: shows the prefix cache works at all
     first_difference: list[int] | None = None  # [request, token] where tokens first differ from fresh
     max_logprob_drift: float | None = None  # largest |Δ logprob| against fresh over the shared tokens
+    # fresh only: the largest |Δ logprob| between its own requests of one prompt (warmup and measured), the bound a
+    # post-cycle stage's drift is held to by default (specwake.run.measure.own_drift); None where none was sent twice
+    own_logprob_drift: float | None = None
     logprobs_over_tolerance: int | None = None  # positions drifting by more than LOGPROB_TOLERANCE
     logprobs_compared: int | None = None
     # True: no other server of the run measured or cycled meanwhile (on GPUs: nor started or stopped); False: others

@@ -300,6 +300,29 @@ def judges_drafter(push: Push | None) -> bool:
     return "draft" in push.to and perturbed_models(push) != frozenset(ROLES)
 
 
+def _drift(variant: VariantResult, post: Sequence[StageResult], limits: Limits) -> list[str]:
+    """Logprobs that drift from fresh more than `expect.max_logprob_drift`, or, where it is not set and the variant
+    recovered, more than the fresh stage's own requests of one prompt drift from each other: the served model is then
+    not the fresh one, though it picks the same tokens. (A collapse or a corruption already says what changed; a drafter
+    that drafts less changes the target's batch shapes, and with them its rounding on a GPU.)"""
+    drifts = [(s.max_logprob_drift, s.name) for s in post if s.max_logprob_drift is not None]
+    if not drifts:
+        return []
+    worst, where = max(drifts)
+    if limits.max_logprob_drift is not None:
+        if worst > limits.max_logprob_drift:
+            return [f"logprobs drift by {worst:.3g} at {where} > max_logprob_drift {limits.max_logprob_drift:g}"]
+        return []
+    fresh = fresh_stage(variant.stages)
+    own = fresh.own_logprob_drift if fresh is not None else None
+    if variant.outcome != "recover" or own is None or worst <= own:
+        return []
+    return [
+        f"logprobs drift by {worst:.3g} at {where}, beyond the fresh stage's own {own:.3g} (its requests of one"
+        " prompt): the served model is not the fresh one (expect.max_logprob_drift sets another bound)"
+    ]
+
+
 def findings(variant: VariantResult, limits: Limits) -> list[str]:
     """What is wrong beyond the outcome, each a line naming the stage or cycle: tensors a reload moved to new storage
     (unless the scenario is not graph-safe), a prefix cache that served tokens right after a wake (its hashes outlived
@@ -313,11 +336,7 @@ def findings(variant: VariantResult, limits: Limits) -> list[str]:
                 " the wake, which should have emptied it"
             )
             break
-    drifts = [(s.max_logprob_drift, s.name) for s in post if s.max_logprob_drift is not None]
-    if limits.max_logprob_drift is not None and drifts:
-        worst, where = max(drifts)
-        if worst > limits.max_logprob_drift:
-            found.append(f"logprobs drift by {worst:.3g} at {where} > max_logprob_drift {limits.max_logprob_drift:g}")
+    found += _drift(variant, post, limits)
     rss = variant.rss_after_wake()
     if limits.max_rss_growth_mb is not None and len(rss) >= 2:
         first, last = rss[min(rss)], rss[max(rss)]

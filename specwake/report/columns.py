@@ -189,6 +189,7 @@ NOT_SHOWN = {
     "prefix_cached_repeat": "the prefix-cache probe repeated: the details' prefix-cache line",
     "first_difference": "where tokens first part from fresh: the variant's line and details",
     "max_logprob_drift": "logprob drift against fresh: the details' drift line and the max_logprob_drift limit",
+    "own_logprob_drift": "the fresh stage's own drift, a recovered variant's bound: the details' drift line",
     "logprobs_over_tolerance": "drift positions over tolerance: the details' drift line",
     "logprobs_compared": "positions compared for drift: the details' drift line",
     "measured_alone": "whether the stage took its turn alone: the variant's line",

@@ -58,6 +58,9 @@ def logprob_line(variant: VariantResult) -> str | None:
         text = "identical tokens"
     if drifts:
         text += f"; logprob drift up to {max(drifts):.3g} ({over}/{compared} positions over {LOGPROB_TOLERANCE:g})"
+        fresh = next((s for s in variant.stages if s.cycle == 0), None)
+        if fresh is not None and fresh.own_logprob_drift is not None:
+            text += f", fresh's own requests of one prompt {fresh.own_logprob_drift:.3g}"
         if diverged is None and max(drifts) > LOGPROB_TOLERANCE:
             text += " — same text, different probabilities (what breaks RL importance ratios)"
     return inline(f"- **{variant.name}** vs fresh: {text}")

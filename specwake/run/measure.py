@@ -191,6 +191,29 @@ def drift(fresh: Sequence[Completion], now: Sequence[Completion], tolerance: flo
     return Drift(first, largest, over, compared, tuple(parted), tuple(ties))
 
 
+def own_drift(workload: Workload, warm: Sequence[Completion], measured: Sequence[Completion]) -> float | None:
+    """The largest |Δ logprob| between a stage's own requests of one prompt on one engine (a warmup request and the
+    measured one of its prompt, or two measured ones), over the tokens both share before they part: how far the
+    server's own numerics move when nothing changed. None where no prompt went to an engine twice."""
+    sent = [
+        ((workload.prompt(i), engine), c)
+        for (engine, i), c in zip(
+            [(engine, i) for engine in workload.each_engine for i in range(workload.warmup)], warm, strict=True
+        )
+    ]
+    sent += [((workload.prompt(i), workload.engine(i)), c) for i, c in enumerate(measured)]  # fmt: skip
+    first: dict[tuple[str, int | None], Completion] = {}
+    largest: float | None = None
+    for key, completion in sent:
+        if key not in first:
+            first[key] = completion
+            continue
+        found = drift([first[key]], [completion]).max_logprob_drift
+        if found is not None:
+            largest = found if largest is None else max(largest, found)
+    return largest
+
+
 def _fixed(workload: Workload, fresh: StageResult | None, stopping: Stopping | None) -> str | None:
     """Why a stage measures all `repeats` requests, or None where it may stop once AL is decided."""
     if fresh is None:
@@ -344,6 +367,7 @@ def run_stage(
         prefix_cached_repeat=_cached(controls),
         first_difference=list(against.first_difference) if against and against.first_difference else None,
         max_logprob_drift=None if against is None else against.max_logprob_drift,
+        own_logprob_drift=own_drift(workload, warm, completions) if fresh is None else None,
         logprobs_over_tolerance=None if against is None else against.over_tolerance,
         logprobs_compared=None if against is None else against.compared,
         near_ties=[] if against is None else [list(t) for t in against.near_ties],

@@ -13,7 +13,7 @@ from specwake.protocol import SYNC_VIA, PushRequest, TransferChunk
 from specwake.run.client import VllmClient
 from specwake.run.completions import Completer, Completion
 from specwake.run.cycle import cycle_steps, run_cycle
-from specwake.run.measure import Workload, drift, run_stage, stage_name
+from specwake.run.measure import Workload, drift, own_drift, run_stage, stage_name
 from specwake.run.metrics import OperationClock, operation_seconds
 from tests.helpers.mock_vllm import MockVllm
 from tests.helpers.paths import DATA
@@ -143,6 +143,19 @@ def test_logprob_drift_with_identical_text_is_measured() -> None:
     assert d.first_difference is None and d.max_logprob_drift == pytest.approx(0.05) and d.over_tolerance == 1
     shorter = [Completion("a", 1, 1.0, 0.1, ("a",), (-0.5,))]
     assert drift(fresh, shorter).first_difference == (0, 1)
+
+
+def test_the_fresh_stage_measures_how_far_its_own_requests_of_one_prompt_drift() -> None:
+    server = MockVllm()
+    fresh = stage(server)
+    assert fresh[0].own_logprob_drift == 0.0  # the warmup's "alpha" and the measured ones agree: nothing changed
+    run_cycle(VllmClient(server.client()), 1, level=2, emulate_discard=True, step_timeout_s=5)
+    assert stage(server, 1, fresh)[0].own_logprob_drift is None  # only the fresh stage sets the bound
+    a = Completion("ab", 2, 1.0, 0.1, ("a", "b"), (-0.5, -0.25))
+    moved = Completion("abc", 3, 1.0, 0.1, ("a", "b", "c"), (-0.5, -0.26, -1.0))
+    other = Completion("xy", 2, 1.0, 0.1, ("x", "y"), (-3.0, -3.0))
+    assert own_drift(WORKLOAD, [a], [moved, other, a]) == pytest.approx(0.01)  # warmup vs request 0, and 2
+    assert own_drift(replace(WORKLOAD, warmup=0, repeats=2), [], [a, other]) is None  # no prompt sent twice
 
 
 def test_prefix_probe_sees_an_empty_cache_after_a_wake_and_a_stale_one_when_hashes_survive() -> None:

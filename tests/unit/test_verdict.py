@@ -260,6 +260,23 @@ def test_findings_name_a_stale_prefix_cache_and_every_limit_exceeded() -> None:
     assert findings(variant("recover", [stage(0, 4.0), stage(1, 4.0)], steps=steps), Limits(max_wake_s=5)) == []
 
 
+def test_by_default_a_recovered_variants_logprobs_may_drift_only_as_far_as_the_fresh_stages_own() -> None:
+    """A fix that serves another target after each reload (its final norm ×1.01) picks the same tokens: AL and outputs
+    recover, only the logprobs drift (0.0162 on CPU, where the fresh stage's own requests drift by exactly 0)."""
+    fresh = replace(stage(0, 4.0), own_logprob_drift=0.0)
+    drifting = replace(stage(1, 4.0), max_logprob_drift=0.0162)
+    assert findings(variant("recover", [fresh, drifting]), Limits()) == [
+        "logprobs drift by 0.0162 at after L2 #1, beyond the fresh stage's own 0 (its requests of one prompt): the"
+        " served model is not the fresh one (expect.max_logprob_drift sets another bound)"
+    ]
+    assert findings(variant("recover", [fresh, replace(drifting, max_logprob_drift=0.0)]), Limits()) == []
+    noisy = replace(fresh, own_logprob_drift=0.02)  # a GPU whose own numerics move this far
+    assert findings(variant("recover", [noisy, drifting]), Limits()) == []
+    assert findings(variant("collapse", [fresh, replace(drifting, acceptance_length=1.0)]), Limits()) == []
+    assert findings(variant("recover", [replace(fresh, own_logprob_drift=None), drifting]), Limits()) == []
+    assert findings(variant("recover", [fresh, drifting]), Limits(max_logprob_drift=0.05)) == []  # the override
+
+
 @pytest.mark.parametrize(
     ("verdicts", "code"),
     [
