@@ -11,12 +11,14 @@ from specwake.judge.crashes import ERROR_CLASSES
 from specwake.judge.expectations import COLLAPSE_AL
 from specwake.judge.verdict import (
     DRAFT_ONLY,
+    GROSS_LOSS_RATIO,
     SLEEP_IGNORED,
     at_least,
     collapsed,
     diverged,
     engine_stages,
     fresh_stage,
+    gross_loss,
     judges_drafter,
     perturbed_models,
     post_stages,
@@ -133,7 +135,12 @@ def _why_measured(stages: Sequence[StageResult], tolerance: float, collapse_al: 
     bound = recovery_bound(fresh.acceptance_length, tolerance)
     low = [s for s in post if s.acceptance_length is None or not at_least(s.acceptance_length, bound)]
     if not low:
-        return f"every post-cycle AL ≥ {bound:.2f} = {1 - tolerance:.0%} of fresh"
+        held = f"every post-cycle AL ≥ {bound:.2f} = {1 - tolerance:.0%} of fresh"
+        gross = gross_loss(stages)
+        if gross is None or gross.ratio is None:
+            return held
+        return f"{held}, but decoding after the cycles ran at {gross.ratio:.2f}× fresh: below {GROSS_LOSS_RATIO}×, lost"
+
     worst = low[0]
     if worst.acceptance_length is None:
         return f"{worst.name}: no drafts were made"

@@ -9,7 +9,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from specwake.judge.verdict import NOT_TESTED, recorded_speed_rule, speed_after_cycles
+from specwake.judge.verdict import GROSS_LOSS_RATIO, NOT_TESTED, gross_loss, recorded_speed_rule, speed_after_cycles
 from specwake.prepare.releases import TESTED_RELEASES, is_tested
 from specwake.report.explain import NOT_RUN
 from specwake.report.markdown import MISSING, cell, inline
@@ -179,6 +179,8 @@ def _speed_cell(result: ScenarioResult, variant: VariantResult) -> str:
     call = speed_after_cycles(variant.stages, rule.min_ratio)
     if call is None or call.ratio is None:
         return MISSING
+    if not rule.binding and variant.outcome == "degraded" and gross_loss(variant.stages) is not None:  # it decided
+        return f"{call.ratio:.2f}× (lost: below {GROSS_LOSS_RATIO}×)"
     advisory = ", advisory" if call.word != "inconclusive" and not rule.binding else ""
     return f"{call.ratio:.2f}× ({call.word}{advisory})"
 

@@ -14,6 +14,7 @@ from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_PASS
 from specwake.judge.crashes import ERROR_CLASSES, MEANINGS
 from specwake.judge.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, EXPECTATIONS, Limits
 from specwake.judge.verdict import (
+    GROSS_LOSS_RATIO,
     OUTCOMES,
     decide_outcome,
     decide_verdict,
@@ -156,12 +157,22 @@ FRESH_SPEEDS = [600.0, 605.0, 610.0, 615.0, 620.0]
 
 
 def test_a_binding_speed_loss_turns_recover_into_degraded_an_advisory_one_does_not() -> None:
-    halved = [timed(0, 4.0, FRESH_SPEEDS)] + [timed(c, 4.0, [x / 2 for x in FRESH_SPEEDS]) for c in (1, 2)]
+    slower = [timed(0, 4.0, FRESH_SPEEDS)] + [timed(c, 4.0, [x * 0.6 for x in FRESH_SPEEDS]) for c in (1, 2)]
     binding, advisory = speed_rule(0.9, "emulated"), speed_rule(None, "emulated")
     assert binding.binding and not advisory.binding
-    assert outcome(halved, speed=binding) == "degraded"
-    assert outcome(halved, speed=advisory) == "recover"
-    assert outcome(halved, speed=speed_rule(None, "native")) == "degraded"
+    assert outcome(slower, speed=binding) == "degraded"
+    assert outcome(slower, speed=advisory) == "recover"
+    assert outcome(slower, speed=speed_rule(None, "native")) == "degraded"
+
+
+def test_a_gross_speed_loss_turns_recover_into_degraded_on_every_platform() -> None:
+    """A drafter that sleeps 10 ms a forward after its reload: AL holds, decoding runs at 0.43× fresh."""
+    slowed = [timed(0, 4.0, FRESH_SPEEDS)] + [timed(c, 4.0, [x * 0.43 for x in FRESH_SPEEDS]) for c in (1, 2)]
+    advisory = speed_rule(None, "emulated")
+    assert outcome(slowed, speed=advisory) == "degraded"
+    assert outcome(slowed, speed=None) == "degraded"
+    line = explain(variant("degraded", slowed), TOL)
+    assert f"decoding after the cycles ran at 0.43× fresh: below {GROSS_LOSS_RATIO}×, lost" in line
 
 
 def test_the_speed_rule_says_why_it_applies() -> None:
