@@ -34,6 +34,7 @@ class EngineStage:
     num_accepted_tokens: int
     per_position: list[float]
     requests: int
+    counters_disagree: str | None = None  # as StageResult's, for this engine's own counters
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class StageResult:
 
     name: str
     cycle: int
-    acceptance_length: float | None  # None when no drafts were made
+    acceptance_length: float | None  # None when no drafts were made, or the counters disagree (counters_disagree)
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
@@ -79,6 +80,10 @@ class StageResult:
     # (repeats); undecided: …", "fixed: the fresh stage is the reference"; None in results from before
     stopped: str | None = None
     engines: list[EngineStage] = field(default_factory=list)  # per data-parallel engine; [] for one engine
+    # The invariant of vLLM's spec-decode counting the stage's counter deltas break, with the numbers
+    # (specwake.run.metrics.disagreement): vLLM's metrics path is at fault, and the stage's AL is void (None). None
+    # where they agree, and in results of specwake before this field
+    counters_disagree: str | None = None
 
     @property
     def measured(self) -> int:

@@ -152,7 +152,7 @@ def _al_problem(old: StageResult, new: StageResult, max_al_drop: float) -> str:
     if old_al is None:
         return ""
     if new_al is None:
-        return f"AL {old_al:.2f} → no drafts"
+        return f"AL {old_al:.2f} → {'void (counters disagree)' if new.counters_disagree else 'no drafts'}"
     bound = old_al * (1.0 - max_al_drop)
     if new_al < bound:
         change = f"{new_al / old_al - 1:+.1%}"

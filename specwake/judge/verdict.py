@@ -219,6 +219,13 @@ RULES: tuple[Rule, ...] = (
         lambda f: f.perturbed == DRAFT_ONLY and f.draft_restored is True,
     ),
     Rule(
+        "error",
+        "a stage's spec-decode counters disagree with themselves (vLLM's metrics path: accepted tokens per position"
+        " that do not sum to the accepted total, exceed the drafts or rise with position): its AL is void, and the"
+        " outcome would turn on it",
+        lambda f: any(s.counters_disagree is not None for s in f.stages),
+    ),
+    Rule(
         "recover",
         "every post-cycle AL ≥ (1 − tolerance) × fresh AL, and tok/s not clearly lost where the speed rule binds, nor"
         f" below {GROSS_LOSS_RATIO}× fresh anywhere",
@@ -264,7 +271,7 @@ def engine_stages(stages: Sequence[StageResult], engine: str) -> list[StageResul
         part = next((e for e in stage.engines if e.engine == engine), silent)
         views.append(replace(stage, acceptance_length=part.acceptance_length, num_drafts=part.num_drafts,
                              num_draft_tokens=part.num_draft_tokens, num_accepted_tokens=part.num_accepted_tokens,
-                             per_position=part.per_position))  # fmt: skip
+                             per_position=part.per_position, counters_disagree=part.counters_disagree))  # fmt: skip
     return views
 
 
@@ -341,10 +348,11 @@ def _drift(variant: VariantResult, post: Sequence[StageResult], limits: Limits) 
 
 
 def findings(variant: VariantResult, limits: Limits) -> list[str]:
-    """What is wrong beyond the outcome, each a line naming the stage or cycle: tensors a reload moved to new storage
-    (unless the scenario is not graph-safe), a prefix cache that served tokens right after a wake (its hashes outlived
-    the discard), and [expect] limits exceeded."""
-    found = [m.finding() for m in moved(variant.diagnostics)] if limits.graph_safe else []
+    """What is wrong beyond the outcome, each a line naming the stage or cycle: spec-decode counters that disagree
+    with themselves, tensors a reload moved to new storage (unless the scenario is not graph-safe), a prefix cache that
+    served tokens right after a wake (its hashes outlived the discard), and [expect] limits exceeded."""
+    found = metrics_findings(variant.stages)
+    found += [m.finding() for m in moved(variant.diagnostics)] if limits.graph_safe else []
     post = post_stages(variant.stages)
     for stage in post:
         if stage.prefix_cached:
@@ -368,6 +376,23 @@ def findings(variant: VariantResult, limits: Limits) -> list[str]:
         cycle, seconds = max(wakes.items(), key=lambda item: item[1])
         if seconds > limits.max_wake_s:
             found.append(f"wake of cycle {cycle} took {seconds:.2f} s > max_wake_s {limits.max_wake_s:g}")
+    return found
+
+
+METRICS_DISAGREE = "vLLM's spec-decode metrics disagree with themselves"
+
+
+def metrics_findings(stages: Sequence[StageResult]) -> list[str]:
+    """One finding per stage, and per data-parallel engine, whose counter deltas break an invariant of vLLM's
+    counting: a fault of vLLM's metrics path, whose AL is void and never the drafter's."""
+    found = []
+    for stage in stages:
+        parts = [("", stage.counters_disagree)] + [(f" engine {e.engine}", e.counters_disagree) for e in stage.engines]
+        found += [
+            f"{METRICS_DISAGREE} at {stage.name}{engine}: {why} (vLLM's metrics path, not the drafter: that AL is void)"
+            for engine, why in parts
+            if why is not None
+        ]
     return found
 
 

@@ -20,6 +20,7 @@ from specwake.report.rows import Row
 from specwake.results import ScenarioResult, StageResult, VariantResult
 
 RESET_MARK = " †"
+VOID = "void"
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ def _summary_cell(s: Summary, digits: int = 1) -> str:
     if s.n < 2 or s.ci_low is None or s.ci_high is None:
         return f"{s.median:.{digits}f} (n={s.n})"
     return f"{s.median:.{digits}f} [{s.ci_low:.{digits}f}, {s.ci_high:.{digits}f}]"
+
+
+def _al_cell(stage: StageResult) -> str:
+    """A stage's AL, or `void` where its counters disagree with themselves (the variant's finding says how)."""
+    return VOID if stage.counters_disagree is not None else num(stage.acceptance_length, 2)
 
 
 def _match_cell(stage: StageResult) -> str:
@@ -114,11 +120,13 @@ COLUMNS: tuple[Column, ...] = (
         junit=lambda s: s.name,
     ),
     Column(
-        ("acceptance_length", "counters_reset"), "AL",
-        lambda v: num(v.stage.acceptance_length, 2) + (RESET_MARK if v.stage.counters_reset else ""), width=5,
+        ("acceptance_length", "counters_reset", "counters_disagree"), "AL",
+        lambda v: _al_cell(v.stage) + (RESET_MARK if v.stage.counters_reset else ""), width=5,
         csv=(("acceptance_length", lambda v: v.stage.acceptance_length),
-             ("counters_reset", lambda v: v.stage.counters_reset)),
-        junit=lambda s: f"AL {num(s.acceptance_length, 2)}" + (" (counters reset)" if s.counters_reset else ""),
+             ("counters_reset", lambda v: v.stage.counters_reset),
+             ("counters_disagree", lambda v: v.stage.counters_disagree)),
+        junit=lambda s: f"AL {_al_cell(s)}" + (" (counters reset)" if s.counters_reset else "")
+        + (f" (counters disagree: {s.counters_disagree})" if s.counters_disagree else ""),
     ),
     Column(
         ("num_drafts",), "drafts", lambda v: str(v.stage.num_drafts), width=6,

@@ -190,6 +190,12 @@ def _by_engine(variant: VariantResult, tolerance: float, collapse_al: float) -> 
 def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> str:
     stages = variant.stages
     if variant.outcome == "error":
+        void = next((s for s in stages if s.counters_disagree is not None), None)
+        if variant.crash_class is None and void is not None:
+            return (
+                f"{void.name}: the spec-decode counters disagree with themselves ({void.counters_disagree}): vLLM's"
+                " metrics path is at fault, and the AL the outcome turns on is void"
+            )
         if variant.crash_class is None:
             return "nothing was measured, not even the fresh stage: nothing about sleep or wake was tested"
         reason = _first_line(variant.error) or "no error text"

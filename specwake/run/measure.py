@@ -238,8 +238,9 @@ def _lines(fresh: StageResult, stopping: Stopping) -> list[tuple[str, float]]:
 
 
 def _steps(delta: SpecDelta) -> tuple[int, ...] | None:
-    """The draft steps of a counter delta by accepted tokens (sequential.histogram); None after a counter reset."""
-    if delta.counters_reset:
+    """The draft steps of a counter delta by accepted tokens (sequential.histogram); None after a counter reset, and
+    where the counters disagree with themselves."""
+    if delta.counters_reset or delta.disagreement is not None:
         return None
     accepted = [round(rate * delta.num_drafts) for rate in delta.per_position]
     return histogram(delta.num_drafts, accepted)
@@ -338,7 +339,8 @@ def run_stage(
     delta = counter_delta(before, after)
     engines = [
         EngineStage(e, d.acceptance_length, d.num_drafts, d.num_draft_tokens, d.num_accepted_tokens,
-                    list(d.per_position), sum(1 for i in range(len(completions)) if str(workload.engine(i)) == e))
+                    list(d.per_position), sum(1 for i in range(len(completions)) if str(workload.engine(i)) == e),
+                    d.disagreement)
         for e, d in engine_deltas(before, after).items()
     ]  # fmt: skip
     outputs = [c.text for c in completions]
@@ -374,6 +376,7 @@ def run_stage(
         requests=len(completions),
         stopped=stopped,
         engines=engines,
+        counters_disagree=delta.disagreement,
     )
     return result, completions
 

@@ -62,11 +62,12 @@ class SpecDelta:
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
-    acceptance_length: float | None  # 1 + accepted/drafts; None when num_drafts == 0
+    acceptance_length: float | None  # 1 + accepted/drafts; None when num_drafts == 0 or the counters disagree
     per_position: tuple[float, ...]  # accepted_at_pos / drafts; () when num_drafts == 0
     acceptance_rate: float | None  # accepted / draft_tokens; None when num_draft_tokens == 0
     counters_reset: bool  # some counter went backwards: deltas count from the 'after' values
     num_generation_tokens: int = 0
+    disagreement: str | None = None  # the invariant the counts break, with its numbers (see disagreement)
 
 
 EMPTY = SpecCounters(
@@ -192,11 +193,38 @@ def _count(value: float) -> int:
     return max(0, round(value))
 
 
+def disagreement(drafts: int, accepted: int, accepted_per_pos: Sequence[int]) -> str | None:
+    """Which invariant of vLLM's own counting a counter delta breaks, with its numbers; None when it keeps them all.
+
+    vLLM counts a draft step that accepts j tokens as one draft, j accepted tokens and one at each position below j
+    (SpecDecodingStats.observe_draft, vllm/v1/spec_decode/metrics.py), so the accepted tokens per position sum to the
+    accepted total, and none is above the drafts or above the position before it (the checks of vllm-ascend's MTP
+    test). Without per-position counters (vLLM keeps none for diffusion models) only "no accepted tokens without
+    drafts" is checked."""
+    if not accepted_per_pos:
+        return f"{accepted} accepted tokens in 0 drafts" if accepted and not drafts else None
+    total = sum(accepted_per_pos)
+    if total != accepted:
+        return f"the accepted tokens per position sum to {total}, not to the accepted total {accepted}"
+    over = next((i for i, n in enumerate(accepted_per_pos) if n > drafts), None)
+    if over is not None:
+        return f"position {over} accepted {accepted_per_pos[over]} tokens in {drafts} drafts"
+    rise = next((i for i in range(1, len(accepted_per_pos)) if accepted_per_pos[i] > accepted_per_pos[i - 1]), None)
+    if rise is not None:
+        return (
+            f"position {rise} accepted {accepted_per_pos[rise]} tokens, more than position {rise - 1}"
+            f" ({accepted_per_pos[rise - 1]}), where a draft step accepts a prefix of its tokens"
+        )
+    return None
+
+
 def counter_delta(before: SpecCounters, after: SpecCounters) -> SpecDelta:
     """Deltas and rates between two scrapes of the same server.
 
     When any counter went backwards the engine restarted in between: every delta is then
     counted from zero (the 'after' value alone) and the result is flagged, never negative.
+    When the deltas break an invariant of vLLM's counting (disagreement), the result names it and has no AL: the
+    counters say nothing about the drafter then.
     """
     reset = _went_backwards(before, after)
     base = EMPTY if reset else before
@@ -212,15 +240,17 @@ def counter_delta(before: SpecCounters, after: SpecCounters) -> SpecDelta:
     drafts = _count(after.drafts - base.drafts)
     draft_tokens = _count(after.draft_tokens - base.draft_tokens)
     accepted = _count(after.accepted - base.accepted)
+    disagrees = disagreement(drafts, accepted, [_count(d) for d in per_pos_delta])
     return SpecDelta(
         num_drafts=drafts,
         num_draft_tokens=draft_tokens,
         num_accepted_tokens=accepted,
-        acceptance_length=1.0 + accepted / drafts if drafts > 0 else None,
+        acceptance_length=1.0 + accepted / drafts if drafts > 0 and disagrees is None else None,
         per_position=tuple(d / drafts for d in per_pos_delta) if drafts > 0 else (),
         acceptance_rate=accepted / draft_tokens if draft_tokens > 0 else None,
         counters_reset=reset,
         num_generation_tokens=_count(after.generation_tokens - base.generation_tokens),
+        disagreement=disagrees,
     )
 
 

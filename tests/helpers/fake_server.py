@@ -33,6 +33,9 @@ warmup included), path:/sleep (any POST path), rpc:METHOD, and ACTION one of kil
 (SIGKILL / SIGSTOP this server's own process group), int-parent / term-parent (SIGINT / SIGTERM to the
 process that launched us, i.e. specwake); --no-spec-metrics (speculation silently off: no spec-decode
 families), --reset-counters-at N (every counter restarts from 0 at the N-th completion, like a restarted engine),
+--phantom-accepted (once the weights are discarded, the accepted-tokens total counts what the fresh drafter would have
+accepted over the drafts made, while drafts and the per-position counts say what was really drafted: a metrics path
+that reports accepted tokens it never drafted, which reads a dead drafter's AL as fresh),
 --draft-discard-warning (the first sleep at level 2 logs vLLM 0.34's warning that it discards the drafter's weights).
 """
 
@@ -97,6 +100,7 @@ class State:
             al_after=args.al_after,
             prefix_cache=not args.no_prefix_cache,
             stale_prefix_cache=args.stale_prefix_cache,
+            phantom_accepted=args.phantom_accepted,
         )
 
 
@@ -383,6 +387,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-prefix-cache", action="store_true", help="never report cached prompt tokens")
     p.add_argument("--max-model-len", type=int, default=0, help="refuse longer prompts (one token a character)")
     p.add_argument("--stale-prefix-cache", action="store_true", help="/reset_prefix_cache keeps the hashes")
+    p.add_argument("--phantom-accepted", action="store_true", help="after the discard, count accepted tokens as fresh")
     p.add_argument("--draft-discard-warning", action="store_true", help="vLLM 0.34's warning at the L2 sleep")
     return p.parse_args(argv)
 

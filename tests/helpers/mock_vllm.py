@@ -29,10 +29,12 @@ class MockVllm:
     checker: bool = False  # offers /weight_checker (vLLM >= 0.32)
     engines: int = 1  # data-parallel engines: each its own counters (labelled engine="i"), routed by header
     restores_draft_on: set[int] | None = None  # with reload_restores_draft: only these engines' drafters (None: all)
+    phantom_accepted: bool = False  # a metrics path counting accepted tokens never drafted (vllm_model.ServerModel)
 
     def __post_init__(self) -> None:
         self.model = ServerModel(model="m", k=self.k, engines=self.engines, al_fresh=self.k + 1.0,
-                                 stale_prefix_cache=self.stale_prefix_cache)  # fmt: skip
+                                 stale_prefix_cache=self.stale_prefix_cache,
+                                 phantom_accepted=self.phantom_accepted)  # fmt: skip
         self._stale: str | None = None
         self._session: str | None = None  # the model a weight-transfer session updates
 

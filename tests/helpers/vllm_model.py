@@ -2,7 +2,8 @@
 MockTransport (tests/helpers/mock_vllm.py) and the fake HTTP server (tests/helpers/fake_server.py). Stdlib only.
 
 - Spec-decode counters as vLLM keeps them (drafts, draft tokens, accepted, accepted per position, generated
-  tokens), rendered as Prometheus text.
+  tokens), rendered as Prometheus text; or, to plant a broken metrics path, an accepted total that disagrees with
+  them (phantom_accepted).
 - Completions: N tokens decoded in D = round(N / AL) draft steps of K draft tokens; one streamed chunk per step
   (vLLM sends a decode step's tokens together), each token with its logprob; garbage ("!") while the target is
   discarded. The final chunk carries usage, with prompt_tokens_details.cached_tokens.
@@ -40,6 +41,9 @@ class ServerModel:
     al_after: float = 1.0
     prefix_cache: bool = True
     stale_prefix_cache: bool = False  # /reset_prefix_cache answers success but keeps the hashes
+    # a metrics path that counts accepted tokens it never drafted: once the weights are discarded the accepted total
+    # grows as at al_fresh over the drafts really made, while drafts and the per-position counts say what was drafted
+    phantom_accepted: bool = False
     discarded: bool = False  # weights were discarded at least once: AL is al_after from then on
     # with several engines: those whose drafter a reload restored since the discard (AL al_fresh again)
     drafter_back: set[int] = field(default_factory=set)
@@ -112,7 +116,8 @@ class ServerModel:
         accepted = min(max(0, max_tokens - drafts), drafts * self.k)
         engine.drafts += drafts
         engine.draft_tokens += drafts * self.k
-        engine.accepted += accepted
+        phantom = self.phantom_accepted and al < self.al_fresh
+        engine.accepted += min(round((self.al_fresh - 1.0) * drafts), drafts * self.k) if phantom else accepted
         engine.generation += max_tokens
         base, extra = divmod(accepted, drafts)  # each draft accepts a prefix of its K tokens
         for pos in range(self.k):

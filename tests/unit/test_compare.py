@@ -78,6 +78,13 @@ def test_al_gone_while_old_had_drafts_is_a_regression() -> None:
     assert r.regression and r.al_delta is None and "no drafts" in r.reason
 
 
+def test_al_void_where_the_counters_disagree_is_named_so() -> None:
+    old = base()
+    new = set_stage(old, "patched", "after L2 #2", acceptance_length=None, counters_disagree="position 0 …")
+    r = row(compare(old, new), "patched", "after L2 #2")
+    assert r.regression and r.reason == f"AL {r.old_al:.2f} → void (counters disagree)"
+
+
 def test_improvement_is_not_a_regression() -> None:
     old = base()
     slow = set_stage(old, "baseline", "after L2 #1", tok_s=[15.5, 15.25, 15.75, 15.1, 15.6], tok_s_median=15.5)

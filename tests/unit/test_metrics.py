@@ -6,6 +6,7 @@ Expected numbers are computed in the tests from the inputs they write (or grep),
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +18,7 @@ from specwake.run.metrics import (
     EMPTY,
     GENERATION_TOKENS,
     SpecCounters,
+    SpecDelta,
     counter_delta,
     parse_spec_counters,
 )
@@ -189,6 +191,64 @@ def test_one_per_position_counter_going_backwards_is_a_reset() -> None:
     assert delta.counters_reset is True
     assert delta.num_drafts == 12
     assert all(v >= 0 for v in delta.per_position)
+
+
+# ------------------------------------------------------------ counters that disagree with themselves
+
+
+def _delta(drafts: int, accepted: int, per_pos: list[int]) -> tuple[SpecDelta, int, int, list[int]]:
+    """A stage's delta planted over consistent counters (40 drafts, 90 accepted, [35, 30, 25]), and its counts."""
+    start = (40, 90, [35, 30, 25])
+    before = parse_spec_counters(_scrape(start[0], 3 * start[0], start[1], [float(n) for n in start[2]]))
+    now = [a + b for a, b in zip(start[2], per_pos, strict=True)]
+    after = parse_spec_counters(_scrape(start[0] + drafts, 3 * (start[0] + drafts), start[1] + accepted, now))
+    return counter_delta(before, after), drafts, accepted, per_pos
+
+
+def test_per_position_counts_that_do_not_sum_to_the_accepted_total_void_the_al() -> None:
+    delta, drafts, accepted, per_pos = _delta(60, 120, [45, 40, 30])  # a draft step's tokens lost on the way
+    assert sum(per_pos) != accepted and delta.num_drafts == drafts  # the fault planted; the counts are still read
+    assert (
+        delta.disagreement
+        == f"the accepted tokens per position sum to {sum(per_pos)}, not to the accepted total {accepted}"
+    )
+    assert delta.acceptance_length is None  # never read as the drafter's
+
+
+def test_a_position_above_the_drafts_voids_the_al() -> None:
+    delta, drafts, accepted, per_pos = _delta(20, 45, [25, 15, 5])
+    assert sum(per_pos) == accepted and per_pos[0] > drafts
+    assert delta.disagreement == f"position 0 accepted {per_pos[0]} tokens in {drafts} drafts"
+    assert delta.acceptance_length is None
+
+
+def test_counts_that_rise_with_position_void_the_al() -> None:
+    delta, drafts, accepted, per_pos = _delta(60, 100, [30, 40, 30])
+    assert sum(per_pos) == accepted and max(per_pos) <= drafts
+    assert delta.disagreement is not None
+    assert delta.disagreement.startswith(
+        f"position 1 accepted {per_pos[1]} tokens, more than position 0 ({per_pos[0]})"
+    )
+    assert delta.acceptance_length is None
+
+
+def test_accepted_tokens_without_drafts_or_positions_void_the_al() -> None:
+    """Without per-position counters (vLLM's diffusion path keeps none) accepted tokens still need drafts."""
+    before = SpecCounters(True, 10.0, 30.0, 20.0, (), 0.0)
+    delta = counter_delta(before, replace(before, accepted=32.0))
+    assert delta.disagreement == f"{32 - 20} accepted tokens in 0 drafts"
+    assert counter_delta(before, replace(before, drafts=14.0, accepted=32.0)).disagreement is None
+
+
+def test_counters_that_agree_are_read_and_no_drafts_is_not_a_disagreement() -> None:
+    delta, drafts, accepted, per_pos = _delta(60, 100, [50, 30, 20])
+    assert delta.disagreement is None and delta.acceptance_length == pytest.approx(1 + accepted / drafts)
+    same = parse_spec_counters(_scrape(40, 120, 90, [35, 30, 25]))
+    assert counter_delta(same, same).disagreement is None  # "no drafts": AL None, its own case
+
+
+def test_a_real_scrape_agrees_with_itself(real_scrape: str) -> None:
+    assert counter_delta(EMPTY, parse_spec_counters(real_scrape)).disagreement is None
 
 
 # ------------------------------------------------------------ a real vLLM CPU 0.32 scrape
