@@ -23,7 +23,7 @@ from specwake.report.overview import wake_cell
 from specwake.report.summary import render_markdown
 from specwake.results import ScenarioResult, VariantResult, from_dict, to_dict
 from tests.helpers.builders import stage, tiny_cpu, variant, woken
-from tests.helpers.paths import DATA
+from tests.helpers.paths import DATA, REPO
 from tests.helpers.scenario_texts import MINIMAL
 
 LOGS = DATA / "logs"
@@ -122,6 +122,14 @@ def test_max_wake_ratio_is_read_from_expect_and_must_be_positive(tmp_path: Path)
     path.write_text(MINIMAL + "[expect]\nmax_wake_ratio = 0\n")
     with pytest.raises(ScenarioError, match=r"expect\.max_wake_ratio: must be a number in \(0, inf\)"):
         load_scenario(path)
+
+
+def test_the_documented_default_of_max_wake_ratio_is_the_codes() -> None:
+    doc = (REPO / "docs" / "scenario-format.md").read_text(encoding="utf-8")
+    row = next(line for line in doc.splitlines() if line.startswith("| `expect.max_wake_ratio` |"))
+    assert row.split(" | ")[2] == f"`{DEFAULT_MAX_WAKE_RATIO:g}`"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f"over {DEFAULT_MAX_WAKE_RATIO:g}× the server's own first load" in readme
 
 
 # -- compare -----------------------------------------------------------------------------------------------------------
