@@ -288,6 +288,10 @@ class VariantResult:
     # The model runner its workers ran, "v1" or "v2" (specwake.prepare.runners); None where no worker answered, and in
     # results of specwake before this field
     model_runner: str | None = None
+    # Seconds the server took to load target and drafter before it first answered, by vLLM's log ("Model loading
+    # took …", specwake.judge.log_warnings; the slowest server's with several): what its wake is held to. None where
+    # the log says none (the CPU V1 runner of vLLM 0.32 and 0.33), and in results of specwake before this field
+    first_load_seconds: float | None = None
 
     @property
     def not_run(self) -> bool:
@@ -311,6 +315,11 @@ class VariantResult:
             if step.name in WAKE_STEPS and step.ok:
                 per_cycle[step.cycle] = per_cycle.get(step.cycle, 0.0) + step.seconds
         return per_cycle
+
+    def slowest_wake(self) -> tuple[int, float] | None:
+        """The cycle whose wake took longest, and its seconds (wake_seconds); None without a wake."""
+        wakes = self.wake_seconds()
+        return max(wakes.items(), key=lambda item: item[1]) if wakes else None
 
     def rss_asleep(self) -> dict[int, int]:
         """Cycle → host RSS of the server group right after its sleep step (what a sleep holds in host memory)."""

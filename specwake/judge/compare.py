@@ -13,6 +13,11 @@ Regressions:
   call advisory — shown, never counted — unless `count_emulated_speed`. Per-stage tok/s ratios are shown, not
   called: one run's requests say nothing about the spread between runs.
 
+- wake, per variant (one "wake + reload" row): the median wake and reload per cycle rose beyond the spread between
+  runs (at least three earlier runs), or, with fewer, above ×5 the earlier runs' (specwake.judge.trend.wake_call). It
+  counts on CPU too: a wake's seconds do not hang on the shared cores the way decoding speed does. Each post-cycle
+  stage row shows its cycle's wake, old → new.
+
 Runs of different scenario files are compared; the settings that differ are listed. When what a stage measures
 changed — the model, the drafter, K, max_tokens, the prompts — the regressions are listed but not counted (no
 exit 1) unless `force`. A different name alone (what `--pair` pairs) is no difference.
@@ -24,19 +29,21 @@ other servers' work (StageResult.measured_alone), its stage ratios are marked an
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specwake.errors import EXIT_FAIL, EXIT_PASS, InputError
 from specwake.judge.stats import Ratio, ratio
-from specwake.judge.trend import TrendCall, trend_call
+from specwake.judge.trend import MAX_WAKE_RISE, TrendCall, trend_call, wake_call
 from specwake.results import INCOMPLETE, ScenarioResult, StageResult, VariantResult
 
 MAX_AL_DROP = 0.05  # default: an AL drop beyond this fraction of the old AL is a regression
 MAX_TOKS_DROP = 0.10  # default: tok/s below 1 − this beyond the spread between runs is a regression
 OUTCOME_STAGE = "outcome"  # the stage name of a variant-level (outcome) row
 SPEED_STAGE = "tok/s"  # the stage name of a variant-level speed row (every stage, against earlier runs)
+WAKE_STAGE = "wake + reload"  # the stage name of a variant-level wake row (median per cycle, against earlier runs)
 NOT_APPLICABLE = Ratio(None, None, None, "not applicable")
 
 
@@ -53,9 +60,13 @@ class Row:
     old_toks: float | None  # tok/s median
     new_toks: float | None
     toks_ratio: Ratio  # median(new tok/s) / median(old tok/s); a speed row: tonight against the earlier runs
-    call: str  # a speed row: drop | gain | same | inconclusive (+ " (advisory)"); an outcome row: "changed"; else ""
+    call: str  # a speed row: drop | gain | same | inconclusive (+ " (advisory)"); a wake row: rise | fall | same |
+    # inconclusive; an outcome row: "changed"; else ""
     regression: bool
     reason: str  # why it is a regression ("" otherwise)
+    # seconds of the wake and reload: of the stage's cycle (a stage row), the median per cycle (a wake row)
+    old_wake: float | None = None
+    new_wake: float | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,7 @@ class Comparison:
     counted: bool = True  # whether the regressions count toward the exit code
     files_differ: bool = False  # the scenario files' sha256 differ (or one is unknown)
     speed_notes: list[str] = field(default_factory=list)  # per variant: the tok/s call between runs, and why
+    wake_notes: list[str] = field(default_factory=list)  # per variant: the wake call between runs, and why
     unfinished: list[str] = field(default_factory=list)  # "scenario / variant" NEW never finished (interrupted)
     # per variant whose runs measured tok/s differently: "baseline: alone in old, side by side in new"
     measured_differently: list[str] = field(default_factory=list)
@@ -179,6 +191,35 @@ def _stage_row(scenario: str, variant: str, old: StageResult, new: StageResult, 
     )
 
 
+def median_wake(variant: VariantResult) -> float | None:
+    """A run's wake and reload of a variant: the median over its cycles, in seconds; None without a wake."""
+    wakes = list(variant.wake_seconds().values())
+    return statistics.median(wakes) if wakes else None
+
+
+def _wake_row(scenario: str, name: str, earlier: Sequence[VariantResult], new: VariantResult) -> tuple[Row, TrendCall]:
+    found = wake_call([w for v in earlier if (w := median_wake(v)) is not None], median_wake(new) or 0.0,
+                      MAX_WAKE_RISE)  # fmt: skip
+    rise = found.word == "rise"
+    row = Row(
+        scenario=scenario,
+        variant=name,
+        stage=WAKE_STAGE,
+        old_al=None,
+        new_al=None,
+        al_delta=None,
+        old_toks=None,
+        new_toks=None,
+        toks_ratio=NOT_APPLICABLE,
+        call=found.word,
+        regression=rise,
+        reason=found.reason if rise else "",
+        old_wake=median_wake(earlier[0]) if earlier else None,
+        new_wake=median_wake(new),
+    )
+    return row, found
+
+
 def _stages(variant: VariantResult) -> dict[str, list[float]]:
     return {s.name: list(s.tok_s) for s in variant.stages}
 
@@ -266,6 +307,7 @@ def compare(
     new_vars = {v.name: v for v in new.variants}
     rows: list[Row] = []
     notes: list[str] = []
+    wake_notes: list[str] = []
     only_old = _only(list(old_vars), list(new_vars), new_name)
     only_new = _only(list(new_vars), list(old_vars), new_name)
     earlier_runs = [old, *(h for h in history if h is not old)]
@@ -288,10 +330,13 @@ def compare(
         how = (measured_how(old_var), measured_how(new_var))
         moved = None not in how and how[0] != how[1]
         differently += [f"{name}: {how[0]} in old, {how[1]} in new"] if moved else []
+        old_wakes, new_wakes = old_var.wake_seconds(), new_var.wake_seconds()
         for stage_name, new_stage in new_stages.items():
             old_stage = old_stages.get(stage_name)
             if old_stage is not None:
                 stage_row = _stage_row(new_name, name, old_stage, new_stage, max_al_drop)
+                stage_row = replace(stage_row, old_wake=old_wakes.get(old_stage.cycle),
+                                    new_wake=new_wakes.get(new_stage.cycle))  # fmt: skip
                 rows.append(replace(stage_row, call=f"{how[0]} → {how[1]}") if moved else stage_row)
         if cut:
             notes.append(f"{name}: not called, the new run did not finish it")
@@ -309,12 +354,16 @@ def compare(
             else ""
         )
         notes.append(f"{name}: {found.word}, {found.reason}{advisory}")
+        if any(median_wake(v) is not None for v in (*earlier, new_var)):
+            wake, woke = _wake_row(new_name, name, earlier, new_var)
+            rows.append(wake)
+            wake_notes.append(f"{name}: {woke.word}, {woke.reason}")
     regressions = [r for r in rows if r.regression]
     counted = force or not measurement_changed
     files_differ = not old_sha or old_sha != new_sha
     return Comparison(
         rows, regressions, only_old, only_new, differences, measurement_changed, counted, files_differ, notes,
-        unfinished, differently,
+        wake_notes, unfinished, differently,
     )  # fmt: skip
 
 

@@ -350,7 +350,8 @@ def _drift(variant: VariantResult, post: Sequence[StageResult], limits: Limits) 
 def findings(variant: VariantResult, limits: Limits) -> list[str]:
     """What is wrong beyond the outcome, each a line naming the stage or cycle: spec-decode counters that disagree
     with themselves, tensors a reload moved to new storage (unless the scenario is not graph-safe), a prefix cache that
-    served tokens right after a wake (its hashes outlived the discard), and [expect] limits exceeded."""
+    served tokens right after a wake (its hashes outlived the discard), a wake far slower than the server's first load
+    (slow_wake), and [expect] limits exceeded."""
     found = metrics_findings(variant.stages)
     found += [m.finding() for m in moved(variant.diagnostics)] if limits.graph_safe else []
     post = post_stages(variant.stages)
@@ -371,12 +372,32 @@ def findings(variant: VariantResult, limits: Limits) -> list[str]:
                 f"host RSS grew {growth:.0f} MiB from cycle {min(rss)} to {max(rss)} > max_rss_growth_mb "
                 f"{limits.max_rss_growth_mb:g}"
             )
-    wakes = variant.wake_seconds()
-    if limits.max_wake_s is not None and wakes:
-        cycle, seconds = max(wakes.items(), key=lambda item: item[1])
+    slowest = variant.slowest_wake()
+    if limits.max_wake_s is not None and slowest is not None:
+        cycle, seconds = slowest
         if seconds > limits.max_wake_s:
             found.append(f"wake of cycle {cycle} took {seconds:.2f} s > max_wake_s {limits.max_wake_s:g}")
-    return found
+    return found + slow_wake(variant, limits.max_wake_ratio)
+
+
+def wake_ratio(variant: VariantResult) -> float | None:
+    """The slowest cycle's wake over the server's first load of its weights (VariantResult.first_load_seconds);
+    None without either."""
+    slowest, load = variant.slowest_wake(), variant.first_load_seconds
+    return slowest[1] / load if slowest is not None and load else None
+
+
+def slow_wake(variant: VariantResult, max_ratio: float) -> list[str]:
+    """The finding of a wake far above what the server needs: its slowest cycle's wake (wake steps and reload or
+    push) took more than `max_ratio` × the server's own first load of the same weights (expect.max_wake_ratio)."""
+    ratio, slowest = wake_ratio(variant), variant.slowest_wake()
+    if ratio is None or slowest is None or at_most(ratio, max_ratio):
+        return []
+    cycle, seconds = slowest
+    return [
+        f"slow wake: cycle {cycle}'s wake took {seconds:.2f} s, {ratio:.1f}× the server's first load of its weights"
+        f" ({variant.first_load_seconds:.2f} s by vLLM's log) > max_wake_ratio {max_ratio:g}"
+    ]
 
 
 METRICS_DISAGREE = "vLLM's spec-decode metrics disagree with themselves"

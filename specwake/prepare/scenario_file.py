@@ -39,8 +39,9 @@ EXPECT_NUMBERS = {
     "max_logprob_drift": (0.0, math.inf),
     "max_rss_growth_mb": (0.0, math.inf),
     "max_wake_s": (0.0, math.inf),
+    "max_wake_ratio": (0.0, math.inf),
 }
-POSITIVE = {"min_speedup_recovery", "max_wake_s"}
+POSITIVE = {"min_speedup_recovery", "max_wake_s", "max_wake_ratio"}
 
 
 # vLLM's model runners: "v2", Model Runner V2 (vllm/v1/worker/gpu/), what every GPU server of

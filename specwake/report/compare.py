@@ -1,4 +1,4 @@
-"""The Markdown of a comparison of two runs (`specwake compare OLD NEW`): the table of per-stage AL and tok/s
+"""The Markdown of a comparison of two runs (`specwake compare OLD NEW`): the table of per-stage AL, tok/s and wake
 changes, the regressions and why they count or not. What is a regression, and the exit code, are decided in
 specwake.judge.compare; this module only renders them.
 """
@@ -7,17 +7,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specwake.judge.compare import OUTCOME_STAGE, SPEED_STAGE, Comparison, Row
+from specwake.judge.compare import OUTCOME_STAGE, SPEED_STAGE, WAKE_STAGE, Comparison, Row
 from specwake.report.markdown import MISSING, cell, num, ratio_cell
 
 # ---------------------------------------------------------------- Markdown
 
 
+def _wake_cell(row: Row) -> str:
+    """`0.080 → 8.100` seconds; `–` where neither run woke."""
+    if row.old_wake is None and row.new_wake is None:
+        return MISSING
+    return f"{num(row.old_wake, 3)} → {num(row.new_wake, 3)}"
+
+
 def _table_row(row: Row) -> str:
     if row.stage == OUTCOME_STAGE:
-        cells = [row.variant, row.stage, MISSING, MISSING, MISSING, MISSING, row.call]
+        cells = [row.variant, row.stage, MISSING, MISSING, MISSING, MISSING, MISSING, row.call]
     elif row.stage == SPEED_STAGE:
         cells = [row.variant, "tok/s, every stage", MISSING, MISSING, "vs earlier runs", ratio_cell(row.toks_ratio),
+                 MISSING, row.call]  # fmt: skip
+    elif row.stage == WAKE_STAGE:
+        cells = [row.variant, "wake + reload, median per cycle", MISSING, MISSING, MISSING, MISSING, _wake_cell(row),
                  row.call]  # fmt: skip
     else:
         cells = [
@@ -27,6 +37,7 @@ def _table_row(row: Row) -> str:
             num(row.al_delta, 2, sign=True),
             f"{num(row.old_toks, 1)} → {num(row.new_toks, 1)}",
             ratio_cell(row.toks_ratio),
+            _wake_cell(row),
             row.call or MISSING,
         ]
     cells.append("**yes**" if row.regression else "no")
@@ -34,7 +45,9 @@ def _table_row(row: Row) -> str:
 
 
 def _methods(rows: Sequence[Row]) -> list[str]:
-    return list(dict.fromkeys(r.toks_ratio.method for r in rows if r.stage not in (OUTCOME_STAGE, SPEED_STAGE)))
+    return list(
+        dict.fromkeys(r.toks_ratio.method for r in rows if r.stage not in (OUTCOME_STAGE, SPEED_STAGE, WAKE_STAGE))
+    )
 
 
 def render_comparison_markdown(c: Comparison) -> str:
@@ -67,8 +80,9 @@ def render_comparison_markdown(c: Comparison) -> str:
         rows = [r for r in c.rows if r.scenario == scenario]
         lines += ["", f"### {cell(scenario)}", ""]
         lines += [
-            "| variant | stage | AL old → new | ΔAL | tok/s old → new | tok/s ratio [CI] | tok/s call | regression |",
-            "| --- | --- | ---: | ---: | ---: | ---: | :---: | :---: |",
+            "| variant | stage | AL old → new | ΔAL | tok/s old → new | tok/s ratio [CI] | wake s old → new | call"
+            " | regression |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | :---: | :---: |",
         ]
         lines += [_table_row(r) for r in rows]
     if c.regressions:
@@ -80,6 +94,9 @@ def render_comparison_markdown(c: Comparison) -> str:
     if c.speed_notes:
         lines += ["", "tok/s between runs (every stage of a variant, against the earlier runs):"]
         lines += [f"- {cell(note)}" for note in c.speed_notes]
+    if c.wake_notes:
+        lines += ["", "wake + reload between runs (the median per cycle of a variant, against the earlier runs):"]
+        lines += [f"- {cell(note)}" for note in c.wake_notes]
     methods = _methods(c.rows)
     if methods:
         lines += [

@@ -1,6 +1,6 @@
 """The top of the report, what a reader of a pull request sees first: how many scenarios and runs, a vLLM of no tested
-release, and one compact row per scenario × variant (AL per stage, tok/s against fresh, the verdict); and the names
-that tell several runs of one scenario apart by what differs between them.
+release, and one compact row per scenario × variant (AL per stage, tok/s against fresh, the slowest wake and reload,
+the verdict); and the names that tell several runs of one scenario apart by what differs between them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,14 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from specwake.judge.verdict import GROSS_LOSS_RATIO, NOT_TESTED, gross_loss, recorded_speed_rule, speed_after_cycles
+from specwake.judge.verdict import (
+    GROSS_LOSS_RATIO,
+    NOT_TESTED,
+    gross_loss,
+    recorded_speed_rule,
+    speed_after_cycles,
+    wake_ratio,
+)
 from specwake.prepare.releases import TESTED_RELEASES, is_tested
 from specwake.report.explain import NOT_RUN
 from specwake.report.markdown import MISSING, cell, inline
@@ -185,12 +192,25 @@ def _speed_cell(result: ScenarioResult, variant: VariantResult) -> str:
     return f"{call.ratio:.2f}× ({call.word}{advisory})"
 
 
+def wake_cell(variant: VariantResult) -> str:
+    """The slowest cycle's wake and reload (or push), and what it is against the server's first load of its weights
+    where vLLM's log gave one: `8.10 s (3× first load)`, `0.058 s (0.021× first load)`."""
+    slowest = variant.slowest_wake()
+    if slowest is None:
+        return MISSING
+    seconds = slowest[1]
+    text = f"{seconds:.2f} s" if seconds >= 1 else f"{seconds:.3f} s"
+    ratio = wake_ratio(variant)
+    return text + (f" ({ratio:.2g}× first load)" if ratio is not None else "")
+
+
 def compact_table(results: Sequence[ScenarioResult], labels: Sequence[str]) -> list[str]:
     """One row per scenario × variant: what a pull request's reader needs first."""
-    lines = ["| scenario | variant | AL per stage | tok/s after the cycles vs fresh | verdict |"]
-    lines.append("| --- | --- | --- | ---: | --- |")
+    lines = ["| scenario | variant | AL per stage | tok/s after the cycles vs fresh | wake + reload | verdict |"]
+    lines.append("| --- | --- | --- | ---: | ---: | --- |")
     for result, label in zip(results, labels, strict=True):
         for variant in result.variants:
-            cells = [label, variant.name, _al_cell(variant), _speed_cell(result, variant), verdict_cell(variant)]
+            cells = [label, variant.name, _al_cell(variant), _speed_cell(result, variant), wake_cell(variant),
+                     verdict_cell(variant)]  # fmt: skip
             lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
     return lines

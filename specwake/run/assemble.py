@@ -60,6 +60,7 @@ class VariantRecord:
     complete: bool = False  # every phase ran, or a failure ended it early
     chosen: dict[str, Chosen] = field(default_factory=dict)  # what push_scale / push_skip picked, per model
     vllm_warnings: list[str] = field(default_factory=list)  # quoted from its server logs (judge.log_warnings)
+    first_load_seconds: float | None = None  # the slowest server's first load, by its log (judge.log_warnings)
 
 
 def push_of(scenario: Scenario, prep: PreparedVariant) -> PushRequest | None:
@@ -138,6 +139,7 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
         push=pushed,
         engine_outcomes=by_engine,
         vllm_warnings=list(record.vllm_warnings),
+        first_load_seconds=record.first_load_seconds,
         model_runner=workers[0].get("model_runner") if workers and isinstance(workers[0], dict) else None,
     )
     if outcome == INCOMPLETE:

@@ -176,7 +176,8 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
         f"    here: recover needs every post-cycle AL ≥ {bound:.0%} of fresh (tolerance {scenario.tolerance:g}),"
         f" collapse is AL ≤ {COLLAPSE_AL:.2f}",
         f"  findings: tensors in new storage after a reload, push or sync: {graphs}; a stale prefix cache;"
-        " [expect] limits",
+        f" a wake over {scenario.limits.max_wake_ratio:g}× the server's first load of its weights, by vLLM's log"
+        " (expect.max_wake_ratio); [expect] limits",
     ]
     for prep in prepared:
         rule = speed_rule(scenario.min_speedup_recovery, prep.l2_discard)

@@ -17,7 +17,7 @@ from specwake import protocol
 from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFailed
 from specwake.events import Event, Events
 from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
-from specwake.judge.log_warnings import find_warnings
+from specwake.judge.log_warnings import find_warnings, first_load_seconds
 from specwake.judge.verdict import speed_rule
 from specwake.prepare.plan import GROUP_PORTS, PORT_UNSET, VariantPlan
 from specwake.prepare.scenario import Scenario
@@ -296,20 +296,26 @@ class VariantRun:
         if self.fanout.folder is not None:
             with contextlib.suppress(OSError):  # each answer's folder is removed once read: this one is empty
                 self.fanout.folder.rmdir()
-        self.record.vllm_warnings = self._log_warnings()
+        self._read_logs()
         self.ended = self.clock()
         self._timed("teardown", self.ended - t0)
 
-    def _log_warnings(self) -> list[str]:
-        """The warnings of vLLM's that bear on the cycle, from every log of the variant (judge.log_warnings)."""
+    def _read_logs(self) -> None:
+        """What every log of the variant says that bears on the cycle (judge.log_warnings): vLLM's warnings, and the
+        slowest server's first load of its weights."""
         found: list[str] = []
+        loads: list[float] = []
         for server in self.server.servers:
             try:
                 with open(server.spec.log_path, encoding="utf-8", errors="replace") as log:
-                    found += [quote for quote in find_warnings(log) if quote not in found]
+                    lines = log.readlines()
             except OSError:  # never started: no log
                 continue
-        return found
+            found += [quote for quote in find_warnings(lines) if quote not in found]
+            load = first_load_seconds(lines)
+            loads += [load] if load is not None else []
+        self.record.vllm_warnings = found
+        self.record.first_load_seconds = max(loads, default=None)
 
     # -- measurement -------------------------------------------------------------------------------
 

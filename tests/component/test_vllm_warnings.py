@@ -1,6 +1,7 @@
 """What vLLM itself says about a run, through the real `specwake run` CLI against the fake engine
 (tests/helpers/fakeengine.py): a warning a server logs is kept in its variant's result and quoted beside that
-variant's verdict; a vLLM of no tested release is named in the report's header.
+variant's verdict; a vLLM of no tested release is named in the report's header; the first load a server logs is
+kept, and a wake far above it fails the variant.
 """
 
 from __future__ import annotations
@@ -48,3 +49,25 @@ def test_a_vllm_of_no_tested_release_is_named_in_the_reports_header(engine: Fake
     assert version == "0.0.fake" and result["tested_releases"] == list(TESTED_RELEASES)
     header = (one_run_dir(out) / "report.md").read_text().split("\n### ", 1)[0]
     assert "untested vLLM release" in header and version in header and ", ".join(TESTED_RELEASES) in header
+
+
+def test_a_reload_far_slower_than_the_servers_logged_first_load_fails_its_variant(
+    engine: FakeEngine, tmp_path: Path
+) -> None:
+    diff = engine.write_fix(tmp_path)
+    logged = "--load-seconds 0.4"
+    slow = {"FAKE_VLLM_ARGS": f"{logged} --reload-delay 1.0"}  # the reload 2.5× the first load
+    text = scenario_text(
+        engine, variants={"baseline": {"FAKE_VLLM_ARGS": logged}, "patched": slow},
+        expect={"baseline": "collapse", "patched": "recover"}, patch=str(diff), cycles=1,
+    )  # fmt: skip
+    proc, out = run_text(engine, tmp_path, text)
+    assert proc.returncode == 1, proc.stderr
+    result = result_of(out)
+    baseline, patched = variant(result, "baseline"), variant(result, "patched")
+    assert baseline["first_load_seconds"] == patched["first_load_seconds"] == 0.4
+    assert (baseline["matched"], baseline["findings"]) == (True, [])
+    assert (patched["outcome"], patched["matched"]) == ("recover", False)
+    assert patched["findings"][0].startswith("slow wake: cycle 1's wake took 1.")
+    report = (one_run_dir(out) / "report.md").read_text()
+    assert "× first load) | recover ✗ (expected recover) |" in report

@@ -157,6 +157,19 @@ def reported_variant(name: str, outcome: str, expected: str, stages: list[StageR
     return variant(name, outcome, expected, stages, **(details | fields))
 
 
+def woken(steps: Sequence[StepResult], reloads: Sequence[float]) -> list[StepResult]:
+    """`steps`, then for each cycle (1, 2, …) its L2 wake: wake_weights and wake_kv_cache of 5 ms each around a
+    reload_weights of the given seconds."""
+    wakes = []
+    for cycle, seconds in enumerate(reloads, 1):
+        wakes += [
+            StepResult(cycle, "wake_weights", "POST", "/wake_up?tags=weights", 200, 0.005, True),
+            StepResult(cycle, "reload_weights", "POST", "/collective_rpc", 200, seconds, True),
+            StepResult(cycle, "wake_kv_cache", "POST", "/wake_up?tags=kv_cache", 200, 0.005, True),
+        ]
+    return [*steps, *wakes]
+
+
 def tiny_cpu() -> ScenarioResult:
     """A passing run: baseline collapses, patched recovers (both with the emulated discard)."""
     baseline = reported_variant(
@@ -169,7 +182,9 @@ def tiny_cpu() -> ScenarioResult:
             measured_stage(2, 192, 0, [15.0, 15.5, 15.25], True),
         ],
         model_runner="v2",
+        first_load_seconds=2.75,
     )
+    baseline = replace(baseline, steps=woken(baseline.steps, [0.015, 0.02]))
     patched = reported_variant(
         "patched",
         "recover",
@@ -183,7 +198,9 @@ def tiny_cpu() -> ScenarioResult:
         patch_sha256=PATCH_SHA,
         overlay="/cache/specwake/overlays/3f2a9c1b",
         model_runner="v2",
+        first_load_seconds=2.75,
     )
+    patched = replace(patched, steps=woken(patched.steps, [0.048, 0.04]))
     return scenario("tiny-cpu", "pass", [baseline, patched])
 
 

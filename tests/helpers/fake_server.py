@@ -36,7 +36,9 @@ families), --reset-counters-at N (every counter restarts from 0 at the N-th comp
 --phantom-accepted (once the weights are discarded, the accepted-tokens total counts what the fresh drafter would have
 accepted over the drafts made, while drafts and the per-position counts say what was really drafted: a metrics path
 that reports accepted tokens it never drafted, which reads a dead drafter's AL as fresh),
---draft-discard-warning (the first sleep at level 2 logs vLLM 0.34's warning that it discards the drafter's weights).
+--draft-discard-warning (the first sleep at level 2 logs vLLM 0.34's warning that it discards the drafter's weights),
+--load-seconds S (logs vLLM's "Model loading took … and S seconds" before it listens, and uvicorn's startup line once
+it does), --reload-delay S (each reload_weights takes S seconds longer).
 """
 
 from __future__ import annotations
@@ -161,6 +163,7 @@ def rpc_result(state: State, method: str, kwargs: dict) -> object:
             print("CUDA error: an illegal memory access was encountered", file=sys.stderr)
             sys.stderr.flush()
             os._exit(1)
+        time.sleep(state.args.reload_delay)
         state.vllm.reload()
         return None
     if method == "specwake_emulate_discard":
@@ -389,6 +392,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stale-prefix-cache", action="store_true", help="/reset_prefix_cache keeps the hashes")
     p.add_argument("--phantom-accepted", action="store_true", help="after the discard, count accepted tokens as fresh")
     p.add_argument("--draft-discard-warning", action="store_true", help="vLLM 0.34's warning at the L2 sleep")
+    p.add_argument("--load-seconds", type=float, default=None, help="log vLLM's first load line with these seconds")
+    p.add_argument("--reload-delay", type=float, default=0.0, help="seconds each reload_weights takes longer")
     return p.parse_args(argv)
 
 
@@ -412,10 +417,15 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
         sys.exit(1)
+    if args.load_seconds is not None:  # as vLLM 0.32's V2 model runner logs it (vllm/v1/worker/gpu/model_runner.py)
+        print(f"(EngineCore pid={os.getpid()}) INFO 12-06 04:37:22 [model_runner.py:424] Model loading took 0.01 GiB"
+              f" memory and {args.load_seconds:.6f} seconds", flush=True)  # fmt: skip
     Handler.state = State(args)
     httpd = ThreadingHTTPServer((args.host, args.port), Handler)
     httpd.daemon_threads = True
     print(f"INFO: Starting vLLM API server on http://{args.host}:{args.port} t={time.time():.6f}", flush=True)
+    if args.load_seconds is not None:
+        print("INFO:     Application startup complete.", flush=True)
     httpd.serve_forever()
 
 

@@ -60,7 +60,8 @@ def _stage_table(text: str) -> list[str]:
 
 
 def _table_rows(text: str, variant: str) -> list[list[str]]:
-    rows = [line for line in text.splitlines() if line.startswith(f"| {variant} ")]
+    """The variant's rows of the first stage table."""
+    rows = [line for line in _stage_table(text) if line.startswith(f"| {variant} ")]
     return [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip("|"))] for row in rows]
 
 
@@ -512,9 +513,13 @@ def many_scenarios(count: int) -> list[ScenarioResult]:
 def test_the_compact_table_comes_first_and_the_rest_is_folded() -> None:
     text = render_markdown([tiny_cpu(), graphed_gpu()])
     lines = text.splitlines()
-    assert lines[2] == "| scenario | variant | AL per stage | tok/s after the cycles vs fresh | verdict |"
-    assert lines[4] == "| tiny-cpu | baseline | 4.00 → 1.00 → 1.00 | 0.37× (inconclusive) | collapse ✓ |"
-    assert lines[7] == "| eagle3-graphed | patched\\|v2 | no stage measured | – | error ⚠ (expected recover) |"
+    assert lines[2] == (
+        "| scenario | variant | AL per stage | tok/s after the cycles vs fresh | wake + reload | verdict |"
+    )
+    assert lines[4] == (
+        "| tiny-cpu | baseline | 4.00 → 1.00 → 1.00 | 0.37× (inconclusive) | 0.030 s (0.011× first load) | collapse ✓ |"
+    )
+    assert lines[7] == "| eagle3-graphed | patched\\|v2 | no stage measured | – | – | error ⚠ (expected recover) |"
     wide, bullet = lines.index(_stage_table(text)[0]), next(i for i, ln in enumerate(lines) if ln.startswith("- **"))
     opened = max(i for i, line in enumerate(lines[:wide]) if line == "<details>")
     assert lines[opened + 1] == "<summary>tiny-cpu: stage table, and why each variant's outcome</summary>"
@@ -526,9 +531,15 @@ def test_the_compact_table_comes_first_and_the_rest_is_folded() -> None:
     expect = {**result.scenario["settings"]["expect"], "min_speedup_recovery": None}
     unset = {**result.scenario, "settings": {**result.scenario["settings"], "expect": expect}}
     lost = replace(result, variants=[replace(result.variants[0], stages=slowed)])
-    assert "| tiny-cpu | baseline | 4.00 → 1.00 → 1.00 | 0.38× (lost) | collapse ✓ |" in render_markdown([lost])
+    assert (
+        "| tiny-cpu | baseline | 4.00 → 1.00 → 1.00 | 0.38× (lost) | 0.030 s (0.011× first load) | collapse ✓ |"
+        in render_markdown([lost])
+    )
     advisory = render_markdown([replace(lost, scenario=unset)])
-    assert "| tiny-cpu | baseline | 4.00 → 1.00 → 1.00 | 0.38× (lost, advisory) | collapse ✓ |" in advisory
+    assert (
+        "| tiny-cpu | baseline | 4.00 → 1.00 → 1.00 | 0.38× (lost, advisory) | 0.030 s (0.011× first load)"
+        " | collapse ✓ |" in advisory
+    )
 
 
 def test_a_whole_night_fits_one_github_comment_and_says_where_the_rest_is() -> None:
