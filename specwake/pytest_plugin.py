@@ -17,7 +17,8 @@ reported, and no further scenario starts.
 Under pytest-xdist (`-n N`, any `--dist`) the workers take turns (`Turns`): one scenario runs at a time in the whole
 session, as without xdist (two runs at once would share the GPUs and the cores, and disturb each other's timings),
 and each scenario runs once; a worker given items of a scenario another worker ran reads that run's results. Under
-`-x` each worker still runs the items xdist has already handed it, which may start further scenarios.
+`-x` each worker still runs the items xdist has already handed it, which may start further scenarios. Each run also
+takes the machine's turn (specwake.run.machine_turn, in `execute`), so a session and a CLI run take turns too.
 
 Registered through the `pytest11` entry point, the plugin does nothing unless scenario files are collected: a
 `.toml` file is collected only when it was named on the command line (itself or a folder above it) or lies in a

@@ -67,8 +67,10 @@ class StageResult:
     own_logprob_drift: float | None = None
     logprobs_over_tolerance: int | None = None  # positions drifting by more than LOGPROB_TOLERANCE
     logprobs_compared: int | None = None
-    # True: no other server of the run measured or cycled meanwhile (on GPUs: nor started or stopped); False: others
-    # may have (no turns); None: not recorded (results of specwake before it)
+    # True: no other server of the run measured or cycled meanwhile (on GPUs: nor started or stopped), and no other
+    # specwake run on the machine had a server up (the run held the machine's turn alone); False: others of the run
+    # may have (no turns); None: not known (a run that shared the machine's turn: no speed call bound) or not recorded
+    # (results of specwake before it)
     measured_alone: bool | None = None
     # Every completion equals fresh or parts from it only at a near-tie (see near_ties); None: the fresh stage, or a
     # result from before near-ties were judged (there outputs_match_fresh alone decides)

@@ -102,7 +102,8 @@ def _warned(variant: VariantResult) -> str:
 
 
 def _alone_text(variant: VariantResult) -> str:
-    """Which stages measured their tok/s alone, while no other server of the run was busy (results that record it)."""
+    """Which stages measured their tok/s alone, while no other server of the run was busy and no other specwake run
+    had one up (results that record it; a run that shared the machine's turn claims nothing)."""
     marks = [s.measured_alone for s in variant.stages]
     if not marks or None in marks:
         return ""

@@ -92,9 +92,10 @@ class AnyTime(Turns):
 class Gate:
     """What one server's phases wait for, stage by stage. This one waits for nothing; `alone` is what its stages
     record: True where nothing else measures meanwhile anyway (one server at a time, or whole variants taking
-    Turns), False where servers measure side by side."""
+    Turns), False where servers measure side by side, None where the run shares the machine with other runs
+    (runner.alone_on_machine)."""
 
-    def __init__(self, alone: bool) -> None:
+    def __init__(self, alone: bool | None) -> None:
         self.alone = alone
 
     @contextlib.contextmanager
@@ -103,7 +104,7 @@ class Gate:
         yield
 
     @contextlib.contextmanager
-    def stage(self, decides: bool) -> Iterator[bool]:
+    def stage(self, decides: bool) -> Iterator[bool | None]:
         """A measured stage; `decides`: its tok/s decides an outcome. Yields whether it measures alone."""
         yield self.alone
 
@@ -136,7 +137,7 @@ class Quiet(Gate):
                 t.cond.notify_all()
 
     @contextlib.contextmanager
-    def stage(self, decides: bool) -> Iterator[bool]:
+    def stage(self, decides: bool) -> Iterator[bool | None]:
         if not decides:
             with self.busy():
                 yield False

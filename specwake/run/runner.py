@@ -89,14 +89,17 @@ def run_scenario(
     started_at: str | None = None,
     shard: str | None = None,
     registry: Path | None = None,
+    machine_alone: bool = True,
 ) -> ScenarioResult:
     """Run every prepared variant; result files are rewritten after every phase, so an interrupted run
-    (Ctrl-C, SIGTERM) leaves a valid partial result. `registry`: where servers are recorded while they run.
+    (Ctrl-C, SIGTERM) leaves a valid partial result. `registry`: where servers are recorded while they run;
+    `machine_alone`: whether the run holds the machine's turn exclusively (alone_on_machine).
 
     interleave: start all variants' servers, then alternate their phases (fresh A, fresh B, cycle 1 A, ...) so slow
     drift of clocks or load does not bias one variant against the other.
     """
-    alone = Gate(alone=True)  # one server at a time, or all up with their phases taken in turn: nothing else runs
+    # one server at a time, or all up with their phases taken in turn: nothing else of the run measures meanwhile
+    alone = Gate(alone=alone_on_machine(True, machine_alone))
     runs = [
         VariantRun(scenario, p, layout.log_file(scenario.name, p.variant.name), events, gate=alone, registry=registry)
         for p in prepared
@@ -209,10 +212,17 @@ def mode_line(mode: str, servers: int, asked: bool = False) -> str:
     return ASKED[mode] if asked else MEASURING[mode]
 
 
-def speed_binds(work: Sequence[Work]) -> bool:
-    """Whether any variant of the run has a binding speed call: then its tok/s must not be shared with another
-    server's measurement."""
-    return any(speed_rule(w.scenario.min_speedup_recovery, p.l2_discard).binding for w in work for p in w.prepared)
+def speed_binds(runs: Sequence[tuple[Scenario, Sequence[PreparedVariant]]]) -> bool:
+    """Whether any variant of the run (scenarios and their prepared variants) has a binding speed call: then its
+    tok/s must not be shared with another server's measurement, of this run (turns) or of another (machine_turn)."""
+    return any(speed_rule(s.min_speedup_recovery, p.l2_discard).binding for s, prepared in runs for p in prepared)
+
+
+def alone_on_machine(alone: bool, machine_alone: bool) -> bool | None:
+    """What a stage records as `measured_alone`: `alone` among the run's servers, where the run held the machine's
+    turn exclusively (no other specwake run had a server up meanwhile: machine_turn); where it held the turn shared,
+    a stage alone in its run claims nothing (None), as other runs whose tok/s decides nothing may have measured."""
+    return alone if machine_alone or not alone else None
 
 
 def server_jobs(work: Sequence[Work]) -> list[Job]:
@@ -230,7 +240,7 @@ def packing_mode(work: Sequence[Work], devices: Sequence[int], cpu: bool) -> str
         return "sequential"
     if not cpu:
         return "packed"
-    return "overlapped" if speed_binds(work) else "parallel"
+    return "overlapped" if speed_binds([(w.scenario, w.prepared) for w in work]) else "parallel"
 
 
 def run_packed_scenarios(
@@ -241,6 +251,7 @@ def run_packed_scenarios(
     *,
     cpu: bool = False,
     registry: Path | None = None,
+    machine_alone: bool = True,
 ) -> list[ScenarioResult]:
     """Every scenario × variant server on its own disjoint set of `devices`, as many at once as fit, largest TP
     first. On a GPU machine the devices are GPUs, and a stage whose tok/s decides measures while no other server is
@@ -249,13 +260,14 @@ def run_packed_scenarios(
     two servers fit side by side, they run one after the other and the result says `sequential` (packing_mode).
 
     One server's crash never stops the others. On Ctrl-C every running server is stopped (not just abandoned)
-    and every scenario keeps what it measured. `registry`: where servers are recorded while they run.
+    and every scenario keeps what it measured. `registry`: where servers are recorded while they run;
+    `machine_alone`: whether the run holds the machine's turn exclusively (alone_on_machine).
     """
     cancel = threading.Event()
     mode = packing_mode(work, devices, cpu)
     turns = Turns(cancel) if mode == "overlapped" else AnyTime()
     # On GPUs the deciding stages take turns, not whole variants; one server at a time measures alone anyway.
-    gate = Quiet(cancel) if mode == "packed" else Gate(alone=mode != "parallel")
+    gate = Quiet(cancel) if mode == "packed" else Gate(alone=alone_on_machine(mode != "parallel", machine_alone))
     events(Event(mode_line(mode, len(server_jobs(work)))))
     unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []

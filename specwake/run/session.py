@@ -31,7 +31,8 @@ from specwake.report.junit import write_junit
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
 from specwake.run.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.run.leftovers import handle_leftovers, registry_dir
-from specwake.run.runner import Work, mode_line, run_packed_scenarios, run_scenario, server_jobs
+from specwake.run.machine_turn import machine_turn
+from specwake.run.runner import Work, mode_line, run_packed_scenarios, run_scenario, server_jobs, speed_binds
 from specwake.run.shards import Shard, jobs_of
 from specwake.runfolder import RESULT_FILE, RunLayout, check_writable, load_result, scenario_results, write_files
 
@@ -155,6 +156,24 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
     on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
     if gpus is not None and on_gpu:
         refuse_invisible_gpus(gpus, visible_gpus(prepared))
+    # Runs on one machine take turns (machine_turn): from before the leftovers and free memory are looked at until the
+    # last server stops; exclusively where a speed call binds, so that the stages' tok/s is their own.
+    alone = speed_binds(list(zip(scenarios, prepared, strict=True)))
+    with machine_turn(request.cache, alone, events):
+        return _run_in_turn(request, scenarios, prepared, previous, events, alone)
+
+
+def _run_in_turn(
+    request: RunRequest,
+    scenarios: list[Scenario],
+    prepared: list[list[PreparedVariant]],
+    previous: dict[str, ScenarioResult],
+    events: Events,
+    machine_alone: bool,
+) -> RunOutcome:
+    """The run once it holds the machine's turn: leftovers, free memory, the run folder, the servers, the outputs."""
+    gpus, shard = request.gpus, request.shard
+    on_gpu = any(p.engine.is_gpu for variants in prepared for p in variants)
     handle_leftovers(request.cache, request.stop_leftovers, events)
     if on_gpu:  # after leftovers are stopped, before anything is created: what the servers will find
         refuse_short_memory(scenarios, prepared, gpus if gpus is not None else visible_gpus(prepared), events)
@@ -165,7 +184,7 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
         for s, p in zip(scenarios, prepared, strict=True)
     ]
     try:
-        results = _run(request, work, gpus, str(shard) if shard else None, events)
+        results = _run(request, work, gpus, str(shard) if shard else None, events, machine_alone)
     except (KeyboardInterrupt, Interrupted):
         # A CI timeout or cancel (SIGINT, SIGTERM): servers are stopped and result files saved by now. The run's
         # outputs still get written — report, JUnit with every unfinished variant marked not run — before exit 130.
@@ -222,17 +241,27 @@ def _as_far_as_it_got(work: Sequence[Work], shard: str | None) -> list[ScenarioR
 
 
 def _run(
-    request: RunRequest, work: list[Work], gpus: tuple[int, ...] | None, shard: str | None, events: Events
+    request: RunRequest,
+    work: list[Work],
+    gpus: tuple[int, ...] | None,
+    shard: str | None,
+    events: Events,
+    machine_alone: bool,
 ) -> list[ScenarioResult]:
     """Run every scenario in the mode asked for: on GPUs packed, each server on its own GPUs; on CPU side by
-    side (each on its own cores, measurements alone) unless --sequential or --interleave."""
+    side (each on its own cores, measurements alone) unless --sequential or --interleave. `machine_alone`: the run
+    holds the machine's turn exclusively."""
     prepared = [w.prepared for w in work]
     registry = registry_dir(request.cache)
     if any(p.engine.is_gpu for variants in prepared for p in variants):
         inventory = gpus if gpus is not None else visible_gpus(prepared)
-        return run_packed_scenarios(work, inventory, events, shard=shard, registry=registry)
+        return run_packed_scenarios(
+            work, inventory, events, shard=shard, registry=registry, machine_alone=machine_alone
+        )
     if not (request.interleave or request.sequential):
-        return run_packed_scenarios(work, available_cpus(), events, shard=shard, cpu=True, registry=registry)
+        return run_packed_scenarios(
+            work, available_cpus(), events, shard=shard, cpu=True, registry=registry, machine_alone=machine_alone
+        )
     mode = "interleaved" if request.interleave else "sequential"
     events(Event(mode_line(mode, len(server_jobs(work)), asked=True)))
     return [
@@ -246,6 +275,7 @@ def _run(
             started_at=w.started_at,
             shard=shard,
             registry=registry,
+            machine_alone=machine_alone,
         )  # fmt: skip
         for w in work
     ]

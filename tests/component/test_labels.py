@@ -42,7 +42,7 @@ def test_servers_too_big_to_fit_side_by_side_are_said_to_run_one_after_the_other
     engine: FakeEngine, tmp_path: Path
 ) -> None:
     """With a rank on every core each server needs all of them: the CPU default then runs one server after the
-    other, and check, the progress lines, the result's mode and every stage say so."""
+    other, and check, the progress lines and the result's mode say so."""
     tp = str(len(os.sched_getaffinity(0)))
     text = both_variants(engine, tmp_path)
     scenario = tmp_path / "s.toml"
@@ -59,7 +59,8 @@ def test_servers_too_big_to_fit_side_by_side_are_said_to_run_one_after_the_other
     assert not first.overlaps(second)
     result = json.loads((one_run_dir(out) / "result.json").read_text())
     assert result["scenario"]["mode"] == "sequential"
-    assert all(stage["measured_alone"] for v in result["variants"] for stage in v["stages"])
+    # alone in its run; no speed call binds, so it shares the machine's turn with such runs and claims nothing more
+    assert all(stage["measured_alone"] is None for v in result["variants"] for stage in v["stages"])
     assert "mode: sequential" in (one_run_dir(out) / "report.md").read_text()
 
 
