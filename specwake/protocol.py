@@ -31,6 +31,7 @@ RELOAD = "reload_weights"
 # releases` holds the last to each release's Worker)
 WORKER_METHODS = (INFO, FINGERPRINT, MEMORY, DISCARD, PUSH, TRANSFER_MANIFEST, RELOAD)
 FRESH = "fresh"  # the name the workers keep the fresh fingerprints under
+RESTORED = "restored"  # the name they keep each cycle's fingerprints right after its reload, push or sync under
 ROLES = ("target", "draft")
 KINDS = ("parameter", "buffer", "attribute")  # every tensor a model holds, by what an L2 sleep does with it
 
@@ -108,7 +109,10 @@ STEP_BY_NAME = {step.name: step for step in STEPS}
 FRESH_POINT = "after fresh"  # after the fresh stage: the fingerprints kept to compare with
 BEFORE_SLEEP = "before sleep"
 SYNC_POINT = "after weight sync"  # after the last session of a sync: weights are judged there, like after a reload
-FINGERPRINT_POINTS = frozenset({FRESH_POINT, SYNC_POINT, *(s.point for s in STEPS if s.fingerprints)})
+# After each measured stage that follows a cycle: compared with fresh and with the cycle's RESTORED fingerprints, so a
+# tensor the stage's own forwards changed is caught (the last one is the end of the run: nothing runs after it)
+STAGE_POINT = "after stage"
+FINGERPRINT_POINTS = frozenset({FRESH_POINT, SYNC_POINT, STAGE_POINT, *(s.point for s in STEPS if s.fingerprints)})
 MEMORY_POINTS = frozenset({BEFORE_SLEEP, SYNC_POINT, *(s.point for s in STEPS if s.memory)})
 RESTORE_POINTS = (*(s.point for s in STEPS if s.restores), SYNC_POINT)
 WAKE_STEPS = tuple(s.name for s in STEPS if s.wakes)
@@ -469,6 +473,11 @@ class Fingerprint:
     coverage_error: str | None = None
     uncovered_differ: int | None = None  # those of them that differ from fresh (compared like the others)
     uncovered_differ_names: list[str] = field(default_factory=list)
+    # At STAGE_POINT: the tensors that differ from the cycle's RESTORED fingerprints (changed during the stage; every
+    # tensor compared alike, uncovered ones included), the first 20 with how; None where nothing was compared so
+    changed: int | None = None
+    changed_names: list[str] = field(default_factory=list)
+    changed_how: dict[str, str] = field(default_factory=dict)
 
     @property
     def compares(self) -> bool:
@@ -494,6 +503,9 @@ class Fingerprint:
             data.pop("moved_by_kind")
             data.pop("uncovered_differ")
             data.pop("uncovered_differ_names")
+        if self.changed is None:
+            for key in ("changed", "changed_names", "changed_how"):
+                data.pop(key)
         return data
 
     @classmethod

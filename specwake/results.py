@@ -20,6 +20,9 @@ LOGPROB_TOLERANCE = 1e-3  # |Δ logprob| against fresh above this at a token pos
 # divergence can sit several nats below the top).
 NEAR_TIE_NATS = 1.0
 KNOWN_SCHEMAS = (SCHEMA,)
+# The key of a variant's info.timings for the fingerprints taken after its measured stages: seconds that count in its
+# `diagnostics` too (the cost of looking at the weights after the work)
+STAGE_FINGERPRINTS = "stage_fingerprints"
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ class Diagnostic:
     each model, each rank's device memory, vLLM's /weight_checker beside them, or why asking failed."""
 
     cycle: int
-    point: str  # protocol.FRESH_POINT, BEFORE_SLEEP, SYNC_POINT or a step's point ("after reload_weights")
+    point: str  # protocol.FRESH_POINT, BEFORE_SLEEP, SYNC_POINT, STAGE_POINT or a step's ("after reload_weights")
     fingerprints: tuple[dict[str, Fingerprint], ...] = ()  # per rank: role → fingerprint
     memory: tuple[Memory, ...] = ()  # per rank
     weight_checker: CheckerReading | None = None

@@ -140,6 +140,10 @@ class Facts:
     # a drafter perturbed alone must differ from fresh while the target stays as fresh
     perturbed: frozenset[str] = frozenset()
     sleep_ignored: bool = False  # the engine ignored the sleep and nothing emulated it (see sleep_ignored)
+    # every tensor stayed through every measured stage as the cycle's reload, push or sync left it (judge.weights.held);
+    # None: not compared. Never on purpose, whatever was pushed: both models are judged by it
+    target_held: bool | None = None
+    draft_held: bool | None = None
 
     @property
     def fresh(self) -> StageResult | None:
@@ -195,6 +199,12 @@ RULES: tuple[Rule, ...] = (
         " neither)",
         lambda f: "target" not in f.perturbed and (diverged(f.stages) is not None or f.target_restored is False),
     ),
+    Rule(
+        "corrupt",
+        "a tensor of the target changed during a measured stage after a cycle: the weights the reload, push or sync"
+        " left are not the ones the stage served",
+        lambda f: f.target_held is False,
+    ),
     Rule("floor", "the variant runs without speculation", lambda f: not f.speculative),
     Rule(
         "untested",
@@ -211,6 +221,11 @@ RULES: tuple[Rule, ...] = (
         "the drafter's weights differ from fresh after a reload, push or sync from its checkpoint (a partial one, or"
         " one that scaled the drafter's tensors alone, included), whatever AL says",
         lambda f: f.draft_restored is False,
+    ),
+    Rule(
+        "degraded",
+        "a tensor of the drafter changed during a measured stage after a cycle, whatever AL says",
+        lambda f: f.draft_held is False,
     ),
     Rule(
         "degraded",
@@ -247,11 +262,13 @@ def decide_outcome(
     speculative: bool = True,
     perturbed: frozenset[str] = frozenset(),
     sleep_ignored: bool = False,
+    target_held: bool | None = None,
+    draft_held: bool | None = None,
 ) -> str:
     """The outcome of one variant: the first rule of RULES that applies."""
     _check_tolerance(tolerance)
     facts = Facts(stages, tolerance, failure, target_restored, draft_restored, speed, collapse_al, speculative,
-                  perturbed, sleep_ignored)  # fmt: skip
+                  perturbed, sleep_ignored, target_held, draft_held)  # fmt: skip
     return next(rule.outcome for rule in RULES if rule.applies(facts))
 
 

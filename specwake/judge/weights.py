@@ -1,6 +1,7 @@
 """Pure readings of the diagnostics a run recorded (see specwake.run.diagnose): whether target and drafter match their
-fresh fingerprints after every reload or push, and which tensors moved to new storage. The one-line summaries the report
-shows ("draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; …") are specwake.report.weights.
+fresh fingerprints after every reload or push, whether they stayed so through the measured stage that follows, and
+which tensors moved to new storage. The one-line summaries the report shows ("draft: 6/11 tensors differ from fresh
+after reload_weights in cycle 2; …") are specwake.report.weights.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specwake.protocol import RESTORE_POINTS, ROLES, Fingerprint
+from specwake.protocol import RESTORE_POINTS, ROLES, STAGE_POINT, Fingerprint
 from specwake.results import Diagnostic
 
 KIND_WORDS = {"parameter": "parameters", "buffer": "buffers", "attribute": "tensor attributes"}
@@ -75,6 +76,50 @@ def worst_restore(diagnostics: Sequence[Diagnostic], role: str) -> Restore | Non
     """The reload or push after which `role` was furthest from fresh (the first such cycle), if any was not."""
     worst = max(restores(diagnostics, role), key=lambda r: (r.not_restored, -r.cycle), default=None)
     return worst if worst is not None and worst.not_restored else None
+
+
+@dataclass(frozen=True)
+class Change:
+    """One model's tensors that a measured stage changed: after the stage of `cycle`, those that differ from the
+    fingerprint taken right after the cycle's reload, push or sync (`since`, its point), on the rank with the most."""
+
+    role: str
+    cycle: int
+    since: str
+    part: Fingerprint
+
+    @property
+    def count(self) -> int:
+        return self.part.changed or 0
+
+    @property
+    def what(self) -> str:
+        return self.since.removeprefix("after ")
+
+
+def stage_changes(diagnostics: Sequence[Diagnostic], role: str) -> list[Change]:
+    """`role`'s changes during every measured stage that changed any of its tensors, in cycle order."""
+    found = []
+    for taken in (d for d in diagnostics if d.point == STAGE_POINT):
+        parts = [p for p in taken.parts(role) if p is not None and p.changed]
+        if parts:
+            since = next((d.point for d in diagnostics if d.point in RESTORE_POINTS and d.cycle == taken.cycle), "")
+            found.append(Change(role, taken.cycle, since, max(parts, key=lambda p: p.changed or 0)))
+    return sorted(found, key=lambda c: c.cycle)
+
+
+def stage_parts(diagnostics: Sequence[Diagnostic], role: str) -> list[tuple[int, Fingerprint]]:
+    """(cycle, fingerprint) of every rank's `role` after every measured stage that was compared with its cycle's
+    restore (none where nothing was fingerprinted after the restore, and in results from before)."""
+    taken = [(d.cycle, d.parts(role)) for d in diagnostics if d.point == STAGE_POINT]
+    return [(cycle, p) for cycle, parts in taken for p in parts if p is not None and p.changed is not None]
+
+
+def held(diagnostics: Sequence[Diagnostic], role: str) -> bool | None:
+    """Whether every rank's `role` stayed through every measured stage as the cycle's reload, push or sync left it;
+    None where no stage was compared with that."""
+    compared = stage_parts(diagnostics, role)
+    return all(p.changed == 0 for _, p in compared) if compared else None
 
 
 @dataclass(frozen=True)

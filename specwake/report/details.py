@@ -5,12 +5,20 @@ acceptance, cycle step timings, diagnostics and the exact server command.
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 from specwake.judge.weights import ROLES
 from specwake.report.cycles import ledger
 from specwake.report.markdown import MISSING, cell, fenced, inline
-from specwake.report.weights import checker_line, discard_line, memory_line, uncovered_line, weights_line
-from specwake.results import VariantResult
+from specwake.report.weights import (
+    changes_line,
+    checker_line,
+    discard_line,
+    memory_line,
+    uncovered_line,
+    weights_line,
+)
+from specwake.results import STAGE_FINGERPRINTS, VariantResult
 
 
 def _position_table(variant: VariantResult) -> list[str]:
@@ -54,17 +62,32 @@ def _step_table(variant: VariantResult) -> list[str]:
     return lines + [""]
 
 
+def time_text(timings: dict[str, Any]) -> str:
+    """`startup 30.2 s · measurement 7.5 s · diagnostics 0.6 s (0.2 s of it fingerprints after stages)`: where a
+    variant's time went, the seconds of the fingerprints after its stages inside its diagnostics'."""
+    after_stages = timings.get(STAGE_FINGERPRINTS)
+    parts = []
+    for key, seconds in timings.items():
+        if key == STAGE_FINGERPRINTS or not isinstance(seconds, int | float):
+            continue
+        part = f"{key.replace('_', ' ')} {seconds:.1f} s"
+        if key == "diagnostics" and isinstance(after_stages, int | float):
+            part += f" ({after_stages:.1f} s of it fingerprints after stages)"
+        parts.append(part)
+    return " · ".join(parts)
+
+
 def _diagnostic_lines(variant: VariantResult) -> list[str]:
     timings = variant.info.get("timings") if isinstance(variant.info, dict) else None
     lines = []
     if isinstance(timings, dict) and timings:
-        parts = [f"{k.replace('_', ' ')} {v:.1f} s" for k, v in timings.items() if isinstance(v, int | float)]
-        lines.append("- time: " + " · ".join(parts))
+        lines.append("- time: " + time_text(timings))
     discarded = discard_line(variant.steps)
     if discarded is not None:
         lines.append(f"- {discarded}")
     if variant.diagnostics:
         weights = [weights_line(variant.diagnostics, role) for role in ROLES]
+        weights += [changes_line(variant.diagnostics, role, variant.stages) for role in ROLES]
         weights += [uncovered_line(variant.diagnostics, role) for role in ROLES]
         checker = checker_line(variant.diagnostics)
         lines += [f"- {line}" for line in (*weights, checker, memory_line(variant.diagnostics)) if line is not None]

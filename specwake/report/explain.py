@@ -24,9 +24,9 @@ from specwake.judge.verdict import (
     post_stages,
     recovery_bound,
 )
-from specwake.judge.weights import Restore, restored, restores, worst_restore
+from specwake.judge.weights import Change, Restore, held, restored, restores, stage_changes, worst_restore
 from specwake.protocol import KIND_BY_VIA, PUSH_VIA
-from specwake.report.weights import restore_names, restore_text
+from specwake.report.weights import change_text, restore_names, restore_text
 from specwake.results import INCOMPLETE, Push, StageResult, VariantResult
 
 MODEL_WORDS = {"target": "target", "draft": "drafter"}
@@ -105,7 +105,10 @@ def weights_reason(variant: VariantResult) -> str | None:
     """Whether the weights explain an outcome: `the drafter's weights explain it (draft: 1/24 tensors differ from fresh
     after reload_weights in cycle 1 — model.layers.0.mlp.down_proj.weight: signs changed)`, or `not the weights
     (target and drafter as fresh after every reload_weights)`; None when the fingerprints compared nothing, or when
-    the model the outcome is about was not judged (a drafter the push left out)."""
+    the model the outcome is about was not judged (a drafter the push left out). Then, for either model, what a
+    measured stage changed of what the cycle's reload, push or sync left: `the drafter's weights explain it (draft:
+    1/24 tensors changed during the stage after L2 #1 (cycle 1), since reload_weights — model.norm.weight: other
+    values)`."""
     roles = _judged_roles(variant)
     for role in roles:
         worst = worst_restore(variant.diagnostics, role)
@@ -113,12 +116,17 @@ def weights_reason(variant: VariantResult) -> str | None:
             names = restore_names(worst)
             found = f"{role}: {restore_text(worst)} after {worst.what} in cycle {worst.cycle}"
             return f"the {MODEL_WORDS[role]}'s weights explain it ({found}{f' — {names}' if names else ''})"
+    for role in ("target", "draft") if variant.outcome == "corrupt" else ("draft", "target"):
+        changed = stage_changes(variant.diagnostics, role)
+        if changed:
+            return f"the {MODEL_WORDS[role]}'s weights explain it ({change_text(changed[0], variant.stages)})"
     if not roles or any(restored(variant.diagnostics, role) is not True for role in roles):
         return None
     if "draft" not in roles and variant.outcome != "corrupt":
         return None  # a drafter left out of the push, or following a scaled target: its weights were not judged
     which = "target and drafter" if len(roles) == 2 else f"the {MODEL_WORDS[roles[0]]}"
-    return f"not the weights ({which} as fresh after every {restores(variant.diagnostics, roles[0])[0].what})"
+    kept = ", unchanged through every stage" if all(held(variant.diagnostics, role) for role in roles) else ""
+    return f"not the weights ({which} as fresh after every {restores(variant.diagnostics, roles[0])[0].what}{kept})"
 
 
 def _why_measured(stages: Sequence[StageResult], tolerance: float, collapse_al: float) -> str:
@@ -226,7 +234,9 @@ def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> st
     if variant.outcome == "floor":
         return "no speculation: the decode speed a collapsed drafter falls to"
     if variant.outcome == "corrupt":
-        return f"the target was not restored: {_why_corrupt(variant)}; {_al_chain(stages)}{also}"
+        restored_then_changed = diverged(stages) is None and restored(variant.diagnostics, "target") is not False
+        what = "changed after its restore" if restored_then_changed and stage_change(variant) else "was not restored"
+        return f"the target {what}: {_why_corrupt(variant)}; {_al_chain(stages)}{also}"
     perturbed = perturbed_models(variant.push)
     if "target" in perturbed:
         return _target_perturbed(variant, tolerance, collapse_al)
@@ -302,6 +312,14 @@ def _drafter_perturbed(variant: VariantResult, tolerance: float, collapse_al: fl
         measured = _why_measured(stages, tolerance, collapse_al)
         why = f"the drafter's weights were not compared, so AL alone judged it: {measured}"
     return f"{_al_chain(stages)} ({sent}: {why}; {lossless})"
+
+
+def stage_change(variant: VariantResult) -> Change | None:
+    """Why a `corrupt` or `degraded` variant's weights kept it from `recover` where every restore matched fresh: the
+    first measured stage that changed the target's tensors (corrupt) or the drafter's (degraded)."""
+    role = {"corrupt": "target", "degraded": "draft"}.get(variant.outcome)
+    changed = stage_changes(variant.diagnostics, role) if role is not None else []
+    return changed[0] if changed else None
 
 
 def unrestored_drafter(variant: VariantResult) -> Restore | None:

@@ -23,7 +23,7 @@ from specwake.protocol import KIND_BY_VIA, RELOAD_KIND, RELOAD_KINDS
 from specwake.report.columns import TABLE, StageView, table_cells
 from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
 from specwake.report.details import details
-from specwake.report.explain import NOT_RUN, explain, unrestored_drafter
+from specwake.report.explain import NOT_RUN, explain, stage_change, unrestored_drafter
 from specwake.report.fit import Block, fit
 from specwake.report.markdown import MISSING, cell, inline, ratio_cell, short_sha
 from specwake.report.overview import (
@@ -35,7 +35,7 @@ from specwake.report.overview import (
     untested_release_line,
 )
 from specwake.report.rows import after_samples, stage_rows
-from specwake.report.weights import discard_rules, restore_text
+from specwake.report.weights import change_text, discard_rules, restore_text
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
 
 EMULATED_NOTE = (
@@ -317,8 +317,9 @@ def _offenders(results: Sequence[ScenarioResult]) -> list[str]:
             elif not v.matched and v.findings and outcome_matches(v.outcome, v.expected):
                 named.append(f"{r.name}/{v.name} {_headline(v.findings[0])}")
             elif not v.matched:
-                why = unrestored_drafter(v)
+                why, changed = unrestored_drafter(v), stage_change(v)
                 reason = f" ({why.role}: {restore_text(why)} after {why.what} in cycle {why.cycle})" if why else ""
+                reason = reason or (f" ({change_text(changed, v.stages)})" if changed else "")
                 named.append(f"{r.name}/{v.name} {v.outcome}{reason}, expected {v.expected}")
     return named
 

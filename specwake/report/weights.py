@@ -1,16 +1,27 @@
 """The one-line summaries of the workers' diagnostics that the report shows: how far each model is from fresh after
 every reload or push, and which tensors differ how ("draft: 2/11 tensors differ from fresh after reload_weights in
-cycle 2; … — model.norm.weight, model.fc.weight: other values"), parameters no
+cycle 2; … — model.norm.weight, model.fc.weight: other values"), what the measured stages changed of what the reload
+left ("draft: 1/24 tensors changed during the stage after L2 #1 (cycle 1), since reload_weights — …"), parameters no
 load writes, vLLM's own /weight_checker, what the emulated discard took, and device memory. Whether a model was
 restored is judge's reading (specwake.judge.weights); these only say it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from specwake.judge.weights import Restore, at, kinds_text, restores, target_params_differ
+from specwake.judge.weights import (
+    Change,
+    Restore,
+    at,
+    kinds_text,
+    restores,
+    stage_changes,
+    stage_parts,
+    target_params_differ,
+)
 from specwake.protocol import (
     AWAKE_POINT,
     BEFORE_SLEEP,
@@ -25,7 +36,7 @@ from specwake.protocol import (
     Fingerprint,
     rules_name,
 )
-from specwake.results import CheckerReading, Diagnostic
+from specwake.results import CheckerReading, Diagnostic, StageResult
 
 GIB = 1024**3
 NAMES_SHOWN = 3  # differing tensors a line names, then "and N more"
@@ -41,17 +52,59 @@ def differ_text(part: Fingerprint) -> str:
     """The tensors one rank's fingerprint found differing from fresh, the first few with how they differ:
     `model.layers.0.mlp.down_proj.weight: signs changed`, `a, b, c and 2 more: other values`, `a (signs changed),
     b (other values) and 1 more`; names alone from an older specwake, which did not say how; "" when none differ."""
-    shown = part.differ_names[:NAMES_SHOWN]
-    if not part.differ or not shown:
+    return _names_text(part.differ or 0, part.differ_names, part.differ_how, part.differ_by_how)
+
+
+def _names_text(count: int, names: list[str], how: dict[str, str], by_how: dict[str, int]) -> str:
+    """`differ_text` of any comparison: `count` tensors differ, the first of them `names`, each `how`."""
+    shown = names[:NAMES_SHOWN]
+    if not count or not shown:
         return ""
-    more = f" and {part.differ - len(shown)} more" if part.differ > len(shown) else ""
-    if not part.differ_how:
+    more = f" and {count - len(shown)} more" if count > len(shown) else ""
+    if not how:
         return ", ".join(shown) + more
-    kinds = [how for how, n in part.differ_by_how.items() if n] or [part.differ_how.get(n, "") for n in shown]
+    kinds = [h for h, n in by_how.items() if n] or [how.get(n, "") for n in shown]
     if len(set(kinds)) == 1:
         return f"{', '.join(shown)}{more}: {HOW_WORDS.get(kinds[0], kinds[0])}"
-    named = [f"{n} ({HOW_WORDS.get(part.differ_how.get(n, ''), part.differ_how.get(n, '?'))})" for n in shown]
+    named = [f"{n} ({HOW_WORDS.get(how.get(n, ''), how.get(n, '?'))})" for n in shown]
     return ", ".join(named) + more
+
+
+def stage_of(stages: Sequence[StageResult], cycle: int) -> str:
+    """The name of the stage measured after `cycle` (`after L2 #1`), as its result has it."""
+    return next((s.name for s in stages if s.cycle == cycle), f"after cycle {cycle}")
+
+
+def change_text(change: Change, stages: Sequence[StageResult]) -> str:
+    """`draft: 1/24 tensors changed during the stage after L2 #1 (cycle 1), since reload_weights — model.norm.weight:
+    other values`: what a measured stage's forwards changed of what the cycle's reload, push or sync left."""
+    part = change.part
+    names = _names_text(change.count, part.changed_names, part.changed_how, Counter(part.changed_how.values()))
+    since = f", since {change.what}" if change.what else ""
+    total = sum(part.kinds.values()) or part.tensors
+    return (
+        f"{change.role}: {change.count}/{total} tensors changed during the stage {stage_of(stages, change.cycle)}"
+        f" (cycle {change.cycle}){since}" + (f" — {names}" if names else "")
+    )
+
+
+def changes_line(diagnostics: Sequence[Diagnostic], role: str, stages: Sequence[StageResult]) -> str | None:
+    """What the measured stages changed of `role`: the first stage that changed any of its tensors (`change_text`,
+    and the other cycles that did), or `draft: 0/24 tensors changed during the stages after cycles 1–2, since
+    reload_weights`; None where no stage was compared with its cycle's restore."""
+    found = stage_changes(diagnostics, role)
+    if found:
+        others = [c.cycle for c in found[1:]]
+        return change_text(found[0], stages) + (f"; changed too in {_cycles(others)}" if others else "")
+    compared = stage_parts(diagnostics, role)
+    if not compared:
+        return None
+    part, restored = compared[0][1], restores(diagnostics, role)
+    since = f", since {restored[0].what}" if restored else ""
+    total = sum(part.kinds.values()) or part.tensors
+    cycles = sorted({cycle for cycle, _ in compared})
+    stages_word = "stage" if len(cycles) == 1 else "stages"
+    return f"{role}: 0/{total} tensors changed during the {stages_word} after {_cycles(cycles)}{since}"
 
 
 def restore_names(restore: Restore) -> str:

@@ -27,7 +27,7 @@ from specwake.judge.verdict import (
     speed_rule,
     worst,
 )
-from specwake.judge.weights import restored
+from specwake.judge.weights import held, restored
 from specwake.prepare.plan import redact_env
 from specwake.prepare.releases import TESTED_RELEASES
 from specwake.prepare.scenario import Scenario
@@ -92,6 +92,8 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
                 speculative=variant.speculative,
                 perturbed=perturbed_models(pushed),
                 sleep_ignored=sleep_ignored(variant.level, prep.l2_discard, push is not None),
+                target_held=held(diagnostics, "target"),
+                draft_held=held(diagnostics, "draft"),
             )
 
         # With data parallelism each engine is judged on its own counters and its own ranks' fingerprints, and the

@@ -2,10 +2,12 @@
 points of a cycle, through the worker extension. specwake.judge.weights reads what was collected.
 
 Fingerprints are compared with the fresh ones inside the workers: the "after fresh" probe saves each tensor's
-digest, sums and address there, later probes count the tensors that differ (naming how) and those that moved. A
-discard that leaves random values or NaN (like freed GPU memory) is so caught as "not restored", not only one that
-leaves zeros. Which points read what follows from the step table (protocol.STEPS): fingerprints only where weights
-are resident (never between a real L2 sleep and `wake_weights`), memory around the wake.
+digest, sums and address there, later probes count the tensors that differ (naming how) and those that moved; the
+probe after each reload, push or sync keeps its own readings as well, and the probe after the stage that follows
+counts the tensors that differ from those: what the stage's forwards changed. A discard that leaves random values
+or NaN (like freed GPU memory) is so caught as "not restored", not only one that leaves zeros. Which points read
+what follows from the step table (protocol.STEPS): fingerprints only where weights are resident (never between a
+real L2 sleep and `wake_weights`), memory around the wake.
 """
 
 from __future__ import annotations
@@ -62,9 +64,15 @@ class Fanout:
 
 def fingerprint_kwargs(point: str, inexact: dict[str, str] | None = None) -> dict[str, Any]:
     """The worker's fingerprint arguments at `point`: at `after fresh` keep the readings, and which tensors are
-    inexact (the scenario's cycle.inexact_tensors, glob → why); later, compare with them."""
+    inexact (the scenario's cycle.inexact_tensors, glob → why); later, compare with them. After a reload, push or
+    sync keep the readings too, as the cycle's `restored` ones; after the stage that follows, compare with those as
+    well: what the stage's own forwards changed."""
     if point == protocol.FRESH_POINT:
         return {"save_as": protocol.FRESH} | ({"inexact_tensors": inexact} if inexact else {})
+    if point in protocol.RESTORE_POINTS:
+        return {"compare_to": protocol.FRESH, "save_as": protocol.RESTORED}
+    if point == protocol.STAGE_POINT:
+        return {"compare_to": protocol.FRESH, "changed_since": protocol.RESTORED}
     return {"compare_to": protocol.FRESH}
 
 

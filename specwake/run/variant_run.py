@@ -23,7 +23,7 @@ from specwake.prepare.plan import GROUP_PORTS, PORT_UNSET, VariantPlan
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant, check_imports, plan_servers, uses_ray
 from specwake.protocol import KIND_BY_VIA, PushRequest, TransferChunk
-from specwake.results import StepResult, VariantResult
+from specwake.results import STAGE_FINGERPRINTS, StepResult, VariantResult
 from specwake.run import diagnose, raycluster
 from specwake.run.assemble import VariantRecord, judge_variant, push_of
 from specwake.run.client import FannedClient, VllmClient
@@ -335,6 +335,10 @@ class VariantRun:
                     self._cycle(self.client, index)
                 if not self.finished:
                     self._stage(self.client, index)
+                    with self._busy():
+                        t0 = self.clock()
+                        self._diagnose(self.client, index, protocol.STAGE_POINT)  # what the stage's forwards changed
+                        self._timed(STAGE_FINGERPRINTS, self.clock() - t0)
         except ServerFault as fault:
             self._crash(fault)
         self.completed_phases = index + 1

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from specwake.protocol import Chosen, Memory, PushAnswer, PushRequest, release_rules
+from specwake.protocol import FRESH, Chosen, Memory, PushAnswer, PushRequest, release_rules
 from specwake.worker import coverage, push, transfer
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
@@ -145,16 +145,19 @@ class SpecwakeWorkerExtension:
         compare_to: str | None = None,
         answer_dir: str | None = None,
         inexact_tensors: dict[str, str] | None = None,
+        changed_since: str | None = None,
     ) -> dict[str, Any]:
         """Summaries of every tensor of target and drafter, by kind. `save_as`: remember this call's digests, sums and
-        addresses under that name, and which tensors are inexact (specwake.worker.tensors.INEXACT and the scenario's
-        `inexact_tensors`: glob → why); `compare_to`: count the tensors that differ from the ones saved under that
-        name (each with how) and those that moved to another address since."""
+        addresses under that name, and, when fresh, which tensors are inexact (specwake.worker.tensors.INEXACT and the
+        scenario's `inexact_tensors`: glob → why); `compare_to`: count the tensors that differ from the ones saved
+        under that name (each with how) and those that moved to another address since; `changed_since`: also count
+        those that differ from the ones saved under this other name (nothing when none were saved under it)."""
         runner = self._specwake_runner()
         models = named_models(runner)
         refs = self._specwake_references()
         saved = refs.get(compare_to or "", {}) if compare_to else None
-        if save_as:  # the fresh stage: which parameters no load writes, and which tensors are inexact, found once
+        earlier = refs.get(changed_since) if changed_since else None
+        if save_as == FRESH:  # which parameters no load writes, and which tensors are inexact, found once
             self._specwake_coverage = {role: self._specwake_uncovered(runner, role, models) for role in ROLES}
             self._specwake_inexact = {role: inexact(models[role], inexact_tensors or {}) for role in ROLES}
         found = getattr(self, "_specwake_coverage", {})
@@ -169,6 +172,7 @@ class SpecwakeWorkerExtension:
                 exclude=data_ptrs(models["target"]) if role == "draft" else None,
                 reference=None if saved is None else saved.get(role, {}),
                 keep=kept[role],
+                since=None if earlier is None else earlier.get(role, {}),
                 packed=packed_state(models[role]),
                 uncovered=uncovered,
                 coverage_error=error,

@@ -176,6 +176,7 @@ def fingerprint(
     exclude: set[int] | None = None,
     reference: Reference | None = None,
     keep: Reference | None = None,
+    since: Reference | None = None,
     packed: tuple[int, int] = (0, 0),
     uncovered: frozenset[str] = frozenset(),
     coverage_error: str | None = None,
@@ -184,7 +185,9 @@ def fingerprint(
     """Per-model summary of every judged tensor (parameters, buffers, plain attributes). `exclude`: data pointers
     owned by another model (counted as shared). `reference`: what `keep` held at an earlier call, to count the
     tensors that differ (each with how: specwake.worker.digest) and those now at another address (moved); bit for bit,
-    but those in `inexact`, compared by their projections within rounding (`inexact()`). `packed`:
+    but those in `inexact`, compared by their projections within rounding (`inexact()`). `since`: another earlier
+    reading (right after a cycle's reload), compared alike: the tensors `changed` since, uncovered ones included,
+    with how. `packed`:
     (modules computing from a packed CPU copy, those whose copy is still discarded). `uncovered`: parameters no load
     writes (specwake.worker.coverage): compared apart, never counted in `differ`. A parameter the CPU build packed is
     judged by what the forward reads: the packed copy, read back (specwake.worker.packed), stands in for a parameter
@@ -199,6 +202,7 @@ def fingerprint(
     differ: dict[str, str] = {}  # name → how it differs
     moved: list[str] = []
     uncovered_differ: list[str] = []
+    changed: dict[str, str] = {}  # name → how it differs from `since`
     resident: set[str] = set()
     copies: dict[str, list[PackedCopy]] = {}
     for copy in packed_copies(model):
@@ -239,6 +243,9 @@ def fingerprint(
                 differ |= {entry.name: how} if how else {}
             if reading.address != then_address and entry.name.rsplit(".", 1)[-1] not in CPU_BUILD_ATTRIBUTES:
                 moved.append(entry.name)
+        if since is not None and entry.name in since:
+            how = differs(reading.parts, since[entry.name][0], exact=entry.name not in inexact)
+            changed |= {entry.name: how} if how else {}
     found = Fingerprint(
         version=FINGERPRINT_VERSION,
         model_class=type(model).__name__,
@@ -282,6 +289,10 @@ def fingerprint(
             uncovered_differ=len(uncovered_differ),
             uncovered_differ_names=uncovered_differ[:NAMES_SHOWN],
         )
+    if since is not None:
+        changed |= dict.fromkeys(sorted(set(since) - resident), GONE)
+        names = list(changed)[:NAMES_KEPT]
+        found = replace(found, changed=len(changed), changed_names=names, changed_how={n: changed[n] for n in names})
     return found.to_dict()
 
 

@@ -12,7 +12,7 @@ from specwake.results import Push
 
 def test_the_step_table_gives_the_probe_points_the_restore_points_and_the_wake() -> None:
     restore = ("after reload_weights", "after push", "after weight sync")
-    assert protocol.FINGERPRINT_POINTS == {"after fresh", "after discard", *restore}
+    assert protocol.FINGERPRINT_POINTS == {"after fresh", "after discard", *restore, "after stage"}
     awake = {"after wake_weights", *restore, "after wake_kv_cache"}
     assert protocol.MEMORY_POINTS == {"before sleep", "after sleep", *awake}
     assert protocol.RESTORE_POINTS == restore
