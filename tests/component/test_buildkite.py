@@ -25,6 +25,7 @@ from tests.helpers.builders import dropped, scaled, tiny_cpu
 from tests.helpers.fakeengine import FakeEngine, cli_env, one_run_dir, result_of, run_cli, scenario_text
 from tests.helpers.paths import REPO
 from tests.helpers.procs import check_schema
+from tests.helpers.weekly import assert_one_per_family, assert_runs_the_choice, chosen_by, unescaped
 
 PIPELINE = REPO / "examples" / "nightly-gpu.buildkite.yml"
 
@@ -177,11 +178,24 @@ def test_the_merge_fails_the_build_when_a_shard_failed(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "a shard failed (hard_failed)" in proc.stderr, proc.stdout + proc.stderr
 
 
-def test_a_weekly_build_runs_the_release_checks_and_the_canary_on_the_newest_vllm_and_nothing_else() -> None:
+def test_a_weekly_build_runs_the_release_checks_and_the_families_on_the_newest_vllm_and_nothing_else() -> None:
     steps = pipeline()["steps"]
     weekly = 'build.env("SPECWAKE_LATEST_VLLM") == "1"'
     (latest,) = [s for s in steps if s.get("if") == weekly]
     assert all(s.get("if") == weekly.replace("==", "!=") for s in steps if s is not latest)
     command = latest["command"]
     assert "pip install --upgrade vllm" in command and "[gpu]" not in command
-    assert command.index("make releases") < command.index("specwake run scenarios/tiny-gpu.toml")
+    assert_runs_the_choice(unescaped(command), ".venv/bin/specwake run")
+
+
+@pytest.mark.parametrize("gpus", ["the step's", 2, 1])
+def test_the_weekly_build_runs_one_scenario_per_family_that_its_gpus_hold(gpus: int | str) -> None:
+    """The step's own selection line, as the agent's shell gets it, on the agent's GPUS and on smaller machines:
+    every drafter family with a GPU scenario that fits runs once; DeepSeek-V3's eight engines only where there are 8."""
+    latest = step("latest-vllm")
+    assert latest["env"]["GPUS"] == 8 and latest["agents"]["queue"] == "gpu-8x"
+    count = latest["env"]["GPUS"] if gpus == "the step's" else int(gpus)
+    chosen = chosen_by(unescaped(latest["command"]), count)
+    assert_one_per_family(chosen, count)
+    assert "scenarios/tiny-gpu.toml" in chosen
+    assert ("scenarios/deepseek-v3-dp-ep.toml" in chosen) == (count == 8), chosen

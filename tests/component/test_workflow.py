@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from specwake.report import run_files
@@ -23,6 +24,7 @@ from specwake.runfolder import write_files
 from tests.helpers.builders import dropped, scaled, tiny_cpu
 from tests.helpers.paths import REPO
 from tests.helpers.procs import check_schema
+from tests.helpers.weekly import assert_one_per_family, assert_runs_the_choice, chosen_by
 
 WORKFLOW = REPO / "examples" / "nightly-gpu.yml"
 # How GitHub runs `run:` for `shell: bash` and for no shell at all (docs: "Defaults / shell").
@@ -248,7 +250,7 @@ def test_the_first_night_finds_no_kept_nights_and_goes_on(tmp_path: Path) -> Non
     assert "no nights to compare with" in output
 
 
-def test_a_weekly_job_runs_the_release_checks_and_the_canary_on_the_newest_vllm_and_nothing_else_runs_then() -> None:
+def test_a_weekly_job_runs_the_release_checks_and_the_families_on_the_newest_vllm_and_nothing_else_runs_then() -> None:
     flow = workflow()
     weekly = [c["cron"] for c in flow[True]["schedule"] if c["cron"] != "17 2 * * *"]  # YAML reads `on:` as True
     assert len(weekly) == 1 and weekly[0].endswith("1")  # a weekday: once a week
@@ -257,4 +259,17 @@ def test_a_weekly_job_runs_the_release_checks_and_the_canary_on_the_newest_vllm_
     assert f"github.event.schedule != '{weekly[0]}'" in jobs["shard"]["if"] and weekly[0] in jobs["merge"]["if"]
     runs = "\n".join(s.get("run", "") for s in jobs["latest-vllm"]["steps"])
     assert "pip install --upgrade vllm" in runs and "[gpu]" not in runs  # the newest, not the extra's range
-    assert runs.index("make releases") < runs.index("specwake run scenarios/tiny-gpu.toml")
+    assert_runs_the_choice(runs, ".venv/bin/specwake run")
+
+
+@pytest.mark.parametrize("gpus", ["the job's", 2, 1])
+def test_the_weekly_job_runs_one_scenario_per_family_that_its_gpus_hold(gpus: int | str) -> None:
+    """The job's own selection line, on the runner's GPUS and on smaller machines: every drafter family with a GPU
+    scenario that fits runs once, the tiny-gpu canary among them; DeepSeek-V3's eight engines only where there are 8."""
+    job = workflow()["jobs"]["latest-vllm"]
+    assert job["env"]["GPUS"] == 8 and "gpu-8x" in job["runs-on"]  # the runner's label says its GPUs
+    count = job["env"]["GPUS"] if gpus == "the job's" else int(gpus)
+    chosen = chosen_by("\n".join(s.get("run", "") for s in job["steps"]), count)
+    assert_one_per_family(chosen, count)
+    assert "scenarios/tiny-gpu.toml" in chosen
+    assert ("scenarios/deepseek-v3-dp-ep.toml" in chosen) == (count == 8), chosen

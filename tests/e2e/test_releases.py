@@ -24,10 +24,11 @@ from packaging.requirements import Requirement
 from specwake.prepare.memory import DEFAULT_UTILIZATION, KV_SIZED_BY, Claim, vllm_claim
 from specwake.prepare.overlay import Overlay, build_overlay
 from specwake.prepare.plan import DYNAMO_DISABLE, EXECUTOR_FLAG, START_METHOD, data_parallel_rank_flags
-from specwake.prepare.releases import TESTED_RELEASES, series
+from specwake.prepare.releases import TESTED_RELEASES, release_at_least, series
 from specwake.prepare.server_args import RESERVED_FLAGS
 from specwake.prepare.variants import RELOAD_MODE, RELOAD_MODE_SINCE, RELOAD_MODES
 from specwake.protocol import ADAPTIVE_FIELD, K_FIELD, METHOD_FIELD, SCHEDULE_FIELD
+from specwake.worker.discard import ANY_DRAFT
 from tests.helpers.paths import REPO
 from tests.helpers.procs import launch_env
 from tests.helpers.release_check import (
@@ -471,6 +472,33 @@ def test_the_reload_mode_specwake_refuses_is_read_by_the_releases_it_names_and_t
     drafter = (REPO / "specwake" / "worker" / "draft_load.py").read_text()
     assert "initialize_layerwise_reload(draft_model)" in drafter and "finalize_layerwise_reload(" in drafter
     assert "start_reload" not in drafter and "direct_reload" not in drafter and RELOAD_MODE not in drafter
+
+
+def _worker_methods(tree: Path) -> dict[str, str]:
+    """The methods of the release's GPU Worker, each as ast.unparse writes it."""
+    module = ast.parse(tree.joinpath("vllm", "v1", "worker", "gpu_worker.py").read_text())
+    (worker,) = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "Worker"]
+    return {n.name: ast.unparse(n) for n in worker.body if isinstance(n, ast.FunctionDef)}
+
+
+def test_a_preserve_pattern_that_names_no_parameter_fails_the_level_2_sleep_before_it_releases_memory(release):
+    """scenarios/tiny-gpu.toml's preserve-typo, `crash` on every release: the Worker matches each preserve pattern
+    against the sleep names and raises for one that matches none, but ANY_DRAFT; its sleep does so at level 2, before
+    it suspends the allocator. From 0.34 the patterns only take storages out of what the sleep may discard, so no
+    pattern loses more of the drafter than none does (why the header says no preserve can be made to collapse)."""
+    version, tree = release
+    methods = _worker_methods(tree)
+    raising = "raise ValueError(f'No parameter matches sleep retention: {pattern}')"
+    (matcher,) = [name for name, text in methods.items() if raising in text]
+    text = methods[matcher]
+    guard = f"if not matches and pattern != {ANY_DRAFT!r}:"
+    assert guard in text and text.index(guard) < text.index(raising), version
+    assert "matches = fnmatch_filter(" in text and "self._get_sleep_parameters(model)" in text, version
+    sleep = methods["sleep"]
+    assert "level == 2" in sleep and sleep.index(f"self.{matcher}(") < sleep.index(".suspend("), version
+    if release_at_least(version, "0.34"):
+        assert matcher == "_discardable_parameters", version
+        assert text.endswith("return set(storage.values()) - preserved"), version
 
 
 def test_an_unseen_model_class_is_inspected_by_a_module_function_which_the_launcher_may_run_in_process(release):

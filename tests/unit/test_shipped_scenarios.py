@@ -12,6 +12,7 @@ import pytest
 from specwake.errors import PlatformMismatch
 from specwake.prepare.plan import resolve_discard
 from specwake.prepare.scenario import Scenario, load_scenario
+from specwake.worker.discard import ANY_DRAFT, DRAFT_PREFIX
 from tests.helpers.hub_sources import GPU_SCENARIOS, hub_ids, sources
 from tests.helpers.paths import REPO
 from tests.helpers.releases import supported_releases
@@ -98,6 +99,28 @@ def test_a_baseline_the_allocators_layout_decides_expects_what_the_layout_can_gi
     for cited in ("gpu_worker.py 0.34:285-318", "device_allocator/__init__.py:29-44", "cumem.py 0.34:378-391"):
         assert cited in header, (name, cited)
     assert "What decides between the two" in header or "What was lost decides between the two" in header
+
+
+# Where the parameters a sleep names live, on the tiny pair: vLLM's LlamaForCausalLM keeps its own under its two
+# children, `model` and `lm_head`; the drafter's are named under the sleep prefix (specwake.worker.discard.DRAFT_PREFIX,
+# held to every release by `make releases`).
+TINY_SLEEP_PREFIXES = ("model.", "lm_head.", DRAFT_PREFIX)
+
+
+def test_the_canarys_broken_preserve_names_no_parameter_and_crashes_on_every_release() -> None:
+    """tiny-gpu's preserve-typo: its one pattern can match no sleep name of the pair, and is not the one pattern vLLM
+    lets match nothing, so every release fails its level-2 sleep (tests/e2e/test_releases.py holds the lines the
+    header cites): `crash` on each tested release, decided by the source whatever the allocator's layout."""
+    scenario = load("tiny-gpu.toml")
+    typo = next(v for v in scenario.variants if v.name == "preserve-typo")
+    flag, pattern = typo.args
+    assert flag == "--sleep-preserve-parameter-names" and pattern != ANY_DRAFT
+    literal = re.split(r"[*?\[]", pattern)[0]  # what every name the pattern matches starts with
+    assert literal and not any(p.startswith(literal) or literal.startswith(p) for p in TINY_SLEEP_PREFIXES), pattern
+    assert {typo.for_release(v).expected for v in supported_releases()} == {"crash"}
+    header = " ".join(line.lstrip("#").strip() for line in scenario.file.read_text().split("[server]")[0].splitlines())
+    for cited in ("0.32:278-279, 0.33:285-286, 0.34:306-307", "0.32:299-311, 0.33:306-320", "gpu_worker.py 0.34:318"):
+        assert cited in header, cited
 
 
 def test_dspark_runs_its_drafter_against_the_model_it_was_trained_on() -> None:
