@@ -1,4 +1,4 @@
-"""Benchmark of specwake.run.schedule's packing: makespan against the lower bound and GPU utilisation
+"""Benchmark of specwake.run.session.schedule's packing: makespan against the lower bound and GPU utilisation
 for realistic job mixes on 8 GPUs, plus the time plan_schedule itself takes on a large mix."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import time
 from collections.abc import Iterable, Sequence
 
-from specwake.run.schedule import Assignment, Job, plan_schedule
+from specwake.run.session.schedule import Assignment, Job, plan_schedule
 
 
 def makespan(assignments: Iterable[Assignment]) -> float:

@@ -38,7 +38,7 @@ from typing import Any
 
 from specwake.judge.stats import summarize
 from specwake.prepare.plan import ENV_ALLOW, ENV_ALLOW_PREFIXES
-from specwake.run.server import Server, ServerSpec, free_port
+from specwake.run.server.server import Server, ServerSpec, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "bench-time-to-verdict"

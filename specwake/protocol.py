@@ -2,11 +2,11 @@
 process and vLLM's workers): the worker methods specwake calls, one table of cycle steps, and the typed requests and
 answers that travel through POST /collective_rpc. Imports nothing from specwake.
 
-To add a cycle step, add one row to STEPS: the cycle (specwake.run.cycle), the probe points (specwake.run.diagnose),
-what counts as a restore (specwake.judge.weights) and as the wake (the `max_wake_s` limit, the report's ledger)
-follow from it. To add a way of bringing the weights back after the wake, add one row to RELOAD_KINDS and its steps
-to specwake.run.cycle's RESTORE_STEPS: the scenario format, its key checks, the server's flags, whether the drafter
-is judged, `check` and the report's words follow from the row.
+To add a cycle step, add one row to STEPS: the cycle (specwake.run.measure.cycle), the probe points
+(specwake.run.measure.diagnose), what counts as a restore (specwake.judge.weights) and as the wake (the `max_wake_s`
+limit, the report's ledger) follow from it. To add a way of bringing the weights back after the wake, add one row to
+RELOAD_KINDS and its steps to specwake.run.measure.cycle's RESTORE_STEPS: the scenario format, its key checks, the
+server's flags, whether the drafter is judged, `check` and the report's words follow from the row.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ class PushRequest:
     """New weights after the wake, as RL trainers send them: which models get their checkpoint's tensors, the
     variant's push_scale (entry → factor) and push_skip entries, and how they travel (`via`: specwake's push, or
     vLLM's weight-transfer API). `chosen`: what those entries pick of each model's tensors, once resolved against
-    the names the server's loader reads (specwake.run.variant_run does, before the first cycle)."""
+    the names the server's loader reads (specwake.run.session.variant_run does, before the first cycle)."""
 
     to: tuple[str, ...] = ("target",)
     scale: dict[str, float] = field(default_factory=dict)

@@ -18,7 +18,7 @@ Under pytest-xdist (`-n N`, any `--dist`) the workers take turns (`Turns`): one 
 session, as without xdist (two runs at once would share the GPUs and the cores, and disturb each other's timings),
 and each scenario runs once; a worker given items of a scenario another worker ran reads that run's results. Under
 `-x` each worker still runs the items xdist has already handed it, which may start further scenarios. Each run also
-takes the machine's turn (specwake.run.machine_turn, in `execute`), so a session and a CLI run take turns too.
+takes the machine's turn (specwake.run.session.machine_turn, in `execute`), so a session and a CLI run take turns too.
 
 Registered through the `pytest11` entry point, the plugin does nothing unless scenario files are collected: a
 `.toml` file is collected only when it was named on the command line (itself or a folder above it) or lies in a
@@ -184,7 +184,7 @@ class ScenarioFile(pytest.File):
 
     def _run(self) -> tuple[list[ScenarioResult], Path | None]:
         from specwake.prepare.models import cache_dir
-        from specwake.run.session import RunRequest, execute
+        from specwake.run.session.session import RunRequest, execute
 
         selected = tuple(item.name for item in self.session.items if item.parent is self)
         option = self.config.option

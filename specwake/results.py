@@ -66,7 +66,8 @@ class StageResult:
     first_difference: list[int] | None = None  # [request, token] where tokens first differ from fresh
     max_logprob_drift: float | None = None  # largest |Δ logprob| against fresh over the shared tokens
     # fresh only: the largest |Δ logprob| between its own requests of one prompt (warmup and measured), the bound a
-    # post-cycle stage's drift is held to by default (specwake.run.measure.own_drift); None where none was sent twice
+    # post-cycle stage's drift is held to by default (specwake.run.measure.measure.own_drift); None where none was sent
+    # twice
     own_logprob_drift: float | None = None
     logprobs_over_tolerance: int | None = None  # positions drifting by more than LOGPROB_TOLERANCE
     logprobs_compared: int | None = None
@@ -86,8 +87,8 @@ class StageResult:
     stopped: str | None = None
     engines: list[EngineStage] = field(default_factory=list)  # per data-parallel engine; [] for one engine
     # The invariant of vLLM's spec-decode counting the stage's counter deltas break, with the numbers
-    # (specwake.run.metrics.disagreement): vLLM's metrics path is at fault, and the stage's AL is void (None). None
-    # where they agree, and in results of specwake before this field
+    # (specwake.run.measure.metrics.disagreement): vLLM's metrics path is at fault, and the stage's AL is void (None).
+    # None where they agree, and in results of specwake before this field
     counters_disagree: str | None = None
 
     @property
@@ -115,9 +116,9 @@ class StepResult:
 
 @dataclass(frozen=True)
 class CheckerReading:
-    """vLLM's own /weight_checker at one point (see specwake.run.diagnose). When fresh: whether the server offers it
-    (`status` when not) and how many target parameters it summed. After a sync: whether every sum is as fresh, how
-    many are not and the first of their names. `error`: why asking failed."""
+    """vLLM's own /weight_checker at one point (see specwake.run.measure.diagnose). When fresh: whether the server
+    offers it (`status` when not) and how many target parameters it summed. After a sync: whether every sum is as fresh,
+    how many are not and the first of their names. `error`: why asking failed."""
 
     offered: bool | None = None
     status: int | None = None
@@ -141,7 +142,7 @@ class CheckerReading:
 
 @dataclass(frozen=True)
 class Diagnostic:
-    """What the workers answered at one point of a cycle (see specwake.run.diagnose): each rank's fingerprint of
+    """What the workers answered at one point of a cycle (see specwake.run.measure.diagnose): each rank's fingerprint of
     each model, each rank's device memory, vLLM's /weight_checker beside them, or why asking failed."""
 
     cycle: int

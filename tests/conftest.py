@@ -5,7 +5,7 @@ tests/component/ (the real CLI and code against a fake engine or fake server) an
 gets its folder's marker (`-m unit`, ...); a test module outside the three folders is an error. Shared helpers live in
 tests/helpers/.
 
-Sections: process-leak check (servers started through specwake.run.server must leave nothing); the fake engine
+Sections: process-leak check (servers started through specwake.run.server.server must leave nothing); the fake engine
 (tests/helpers/fakeengine.py) of the CLI-level modules. The /proc scans, `assert_no_leftover_processes` and the
 real-engine gate themselves live in tests/helpers/procs.py, shared with the end-to-end modules: import helpers from
 there (or tests/helpers/fakeengine.py, tests/helpers/builders.py), never from this file.
@@ -47,7 +47,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # --------------------------------------------------------------------------------------------
 # Process-leak check
 #
-# Independent of specwake.run.server on purpose: it reads /proc itself (tests/helpers/procs.py), so a bug in the
+# Independent of specwake.run.server.server on purpose: it reads /proc itself (tests/helpers/procs.py), so a bug in the
 # code under test cannot hide its own leak. Use `pytestmark = pytest.mark.usefixtures("leak_check")` in a
 # test module, or call `tests.procs.assert_no_leftover_processes(pgids)` directly.
 # --------------------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 @pytest.fixture
 def leak_check(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Record the process group of every Server started in the test; assert none survives it."""
-    from specwake.run import server
+    from specwake.run.server import server
 
     pgids: list[int] = []
     original_start = server.Server.start

@@ -1,7 +1,7 @@
 """The `specwake` command line: parse flags, call one core function, render, return an exit code.
 
-No logic lives here; run/session.py does what `run` does, errors.py maps exceptions to exit codes. The commands live
-by what they touch: run.py measures vLLM (`run`, `check`, `bisect`), results.py reads earlier runs (`report`,
+No logic lives here; run/session/session.py does what `run` does, errors.py maps exceptions to exit codes. The commands
+live by what they touch: run.py measures vLLM (`run`, `check`, `bisect`), results.py reads earlier runs (`report`,
 `compare`), cache.py what specwake keeps in its cache (`leftovers`, `models`); common.py is what they share.
 """
 

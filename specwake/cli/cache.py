@@ -14,7 +14,7 @@ from specwake.cli.common import fail
 from specwake.console import Ui
 from specwake.errors import EXIT_INFRA, SpecwakeError
 from specwake.prepare.models import BUILTIN_MODELS, cache_dir, ensure_builtin_model, lookup, model_dir
-from specwake.run.leftovers import GRACE_S, describe, find_leftovers, registry_dir, stop_leftover
+from specwake.run.server.leftovers import GRACE_S, describe, find_leftovers, registry_dir, stop_leftover
 
 
 def leftovers(

@@ -15,7 +15,7 @@ import typer
 from specwake.console import Ui
 from specwake.errors import EXIT_INPUT, InputError, ScenarioErrors, SpecwakeError
 from specwake.judge.expectations import unknown_outcome
-from specwake.run.schedule import parse_gpu_list
+from specwake.run.session.schedule import parse_gpu_list
 
 
 def fail(ui: Ui, exc: SpecwakeError) -> NoReturn:

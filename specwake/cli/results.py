@@ -14,7 +14,7 @@ from specwake.judge.compare import MAX_AL_DROP, MAX_TOKS_DROP, compare_runs, par
 from specwake.judge.compare import exit_code as comparison_exit_code
 from specwake.report.compare import render_comparison_markdown
 from specwake.report.nights import build_trend, render_trend_markdown
-from specwake.run.shards import merge_shards
+from specwake.run.session.shards import merge_shards
 from specwake.runfolder import load_many
 
 # The plots import matplotlib, inside the commands that draw one.

@@ -15,7 +15,7 @@ from specwake.cli.common import fail, parse_gpus, refuse_bad_run_flags, sigterm_
 from specwake.console import Ui
 from specwake.errors import EXIT_INFRA, EXIT_INPUT, EXIT_INTERRUPTED, SpecwakeError
 from specwake.prepare.models import cache_dir
-from specwake.run.shards import choose_shard
+from specwake.run.session.shards import choose_shard
 
 # A command imports what only it needs (the run machinery: openai, pydantic) inside its body, so that `--help` and the
 # commands that only read results start in a fraction of `run`'s import time.
@@ -103,7 +103,7 @@ def run(
 ) -> None:
     """Run scenarios: baseline and patched servers, L2 cycles, AL and tok/s before and after, verdict."""
     from specwake.prepare.scenario import Overrides
-    from specwake.run.session import RunInterrupted, RunRequest, execute
+    from specwake.run.session.session import RunInterrupted, RunRequest, execute
 
     ui = Ui(quiet)
     refuse_bad_run_flags(ui, patch, interleave, sequential, expect)
@@ -195,7 +195,7 @@ def check(
     """Validate scenarios with each variant's own vLLM and show exactly what `run` would start and measure (argv,
     env, GPUs or CPU cores, the run mode, where models load from); launches no server."""
     from specwake.prepare.scenario import Overrides
-    from specwake.run.check import check_all
+    from specwake.run.session.check import check_all
 
     ui = Ui()
     refuse_bad_run_flags(ui, patch, interleave, sequential, expect)
@@ -260,7 +260,7 @@ def bisect(
     diff of vllm/ from BASE onto the installed vLLM and runs the variant; no rebuild. Exit 0 found, 1 no change in
     the range, 2 bad input, 3 only skipped commits remain."""
     from specwake.report.bisect import render
-    from specwake.run.bisect import BisectRequest, run_bisect
+    from specwake.run.bisect.bisect import BisectRequest, run_bisect
 
     ui = Ui()
     request = BisectRequest(scenario, vllm_repo, good, bad, output, base, variant, expect, cycles, remeasure)

@@ -2,7 +2,7 @@
 result keeps them, and the report quotes them beside the variant's verdict), and how long the server's first load of
 its weights took (what its wake is measured against: specwake.judge.verdict.findings).
 
-Pure: log lines in, quotes and seconds out (specwake.run.variant_run hands each server log's lines here).
+Pure: log lines in, quotes and seconds out (specwake.run.session.variant_run hands each server log's lines here).
 """
 
 from __future__ import annotations

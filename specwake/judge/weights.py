@@ -1,5 +1,5 @@
-"""Pure readings of the diagnostics a run recorded (see specwake.run.diagnose): whether target and drafter match their
-fresh fingerprints after every reload or push, whether they stayed so through the measured stage that follows, and
+"""Pure readings of the diagnostics a run recorded (see specwake.run.measure.diagnose): whether target and drafter match
+their fresh fingerprints after every reload or push, whether they stayed so through the measured stage that follows, and
 which tensors moved to new storage. The one-line summaries the report shows ("draft: 6/11 tensors differ from fresh
 after reload_weights in cycle 2; …") are specwake.report.weights.
 """

@@ -1,6 +1,6 @@
 """What a stage sends: the builtin prompt sets a scenario names (`prompts = "builtin:mixed"`, `"builtin:every-byte"`)
 and the prefix-cache probe that specwake adds to every stage. `check` counts both against max_model_len
-(prepare/validate.py); the run sends them (run/measure.py).
+(prepare/validate.py); the run sends them (run/measure/measure.py).
 """
 
 from __future__ import annotations

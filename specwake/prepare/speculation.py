@@ -6,10 +6,10 @@ under which AL judges no drafter is exit 2 naming the key that set it; `check` s
   target verifies them, so AL is configuration and a dead drafter looks healthy.
 - `"fly"` (0.33+): verification is lossy (FLy), so outputs may differ from fresh by design and the outputs check
   means nothing: refused, not run with that check void.
-- K at the workload's concurrency: a stage sends its requests one at a time (specwake.run.measure), so every decode
-  step of a measured stage has that many requests; `num_speculative_tokens_per_batch_size` gives K per batch size,
-  and K = 0 there drafts nothing. Adaptive verification (`enable_adaptive_verification`) verifies at most that K per
-  request, a budget vLLM sizes each step: said beside the K.
+- K at the workload's concurrency: a stage sends its requests one at a time (specwake.run.measure.measure), so every
+  decode step of a measured stage has that many requests; `num_speculative_tokens_per_batch_size` gives K per batch
+  size, and K = 0 there drafts nothing. Adaptive verification (`enable_adaptive_verification`) verifies at most that K
+  per request, a budget vLLM sizes each step: said beside the K.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from specwake.errors import ScenarioError
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.protocol import ADAPTIVE_FIELD, K_FIELD, METHOD_FIELD, SCHEDULE_FIELD
 
-# Requests a measured stage has at once on an engine (specwake.run.measure sends them one at a time): the batch size
-# whose K the schedule decides.
+# Requests a measured stage has at once on an engine (specwake.run.measure.measure sends them one at a time): the batch
+# size whose K the schedule decides.
 REQUESTS_AT_ONCE = 1
 
 

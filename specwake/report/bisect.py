@@ -1,5 +1,5 @@
 """The result of `specwake bisect` for a terminal or a PR: the commit found (or why none), then a table of every step.
-The search and its records are run/bisect.py's.
+The search and its records are run/bisect/bisect.py's.
 """
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from specwake.run.bisect import BisectOutcome
+    from specwake.run.bisect.bisect import BisectOutcome
 
 
 def render(outcome: BisectOutcome) -> str:

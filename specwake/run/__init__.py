@@ -1,5 +1,7 @@
-"""Servers up, cycles run, stages measured: a whole `specwake run` (session), its scenarios (runner) scheduled on GPUs
-or cores (schedule, gate, shards), one variant phase by phase (variant_run) through its server (server, client,
-completions): the sleep/wake cycle (cycle), a measured stage (measure, metrics) and the workers' diagnostics
-(diagnose). Records what it sees and hands each record to judge's rules (assemble): the decisions are judge's.
+"""Servers up, cycles run, stages measured, in four parts, each a folder whose ruff.toml bans what it may not import:
+server/ a vLLM server's life (server, lifeline, leftovers, groups, raycluster); measure/ the measuring of a running
+server (client, completions, cycle, measure, metrics, diagnose, gate); session/ what drives them: a whole `specwake
+run` (session), `check`, its scenarios (runner) scheduled on GPUs or cores (schedule, shards), one variant phase by
+phase (variant_run), each record handed to judge's rules (assemble); bisect/ `specwake bisect`, a session per step
+(bisect, vllm_git, bisect_cache). Records what it sees: the decisions are judge's.
 """

@@ -15,8 +15,8 @@ import pytest
 from specwake.errors import InputError
 from specwake.prepare.overlay import parse_patch
 from specwake.report.bisect import render
-from specwake.run.bisect import Bisect, BisectOutcome, BisectRequest, _finish
-from specwake.run.vllm_git import find_base
+from specwake.run.bisect.bisect import Bisect, BisectOutcome, BisectRequest, _finish
+from specwake.run.bisect.vllm_git import find_base
 from tests.helpers.fakeengine import BEHAVIOUR, BEHAVIOUR_TEXT, FakeEngine, run_cli, scenario_text
 from tests.helpers.paths import REPO
 from tests.helpers.vllm_history import commit, git, release, start, touch

@@ -15,10 +15,10 @@ from specwake.errors import ServerFault
 from specwake.judge.crashes import (
     classify,
 )
-from specwake.run.client import VllmClient
-from specwake.run.completions import Completer
-from specwake.run.cycle import run_cycle
-from specwake.run.server import Server, ServerSpec, free_port
+from specwake.run.measure.client import VllmClient
+from specwake.run.measure.completions import Completer
+from specwake.run.measure.cycle import run_cycle
+from specwake.run.server.server import Server, ServerSpec, free_port
 from tests.helpers.paths import DATA, FAKE_SERVER
 from tests.helpers.procs import running
 

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specwake.cli import app
-from specwake.run import variant_run
+from specwake.run.session import variant_run
 from tests.helpers.fakeengine import (
     FakeEngine,
     one_run_dir,
@@ -141,7 +141,7 @@ def test_server_exiting_before_ready_is_seen_without_waiting_the_deadline(engine
 def test_foreign_server_on_our_port_is_never_measured(
     engine: FakeEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ours: dict[str, str]
 ) -> None:
-    from specwake.run.server import free_port
+    from specwake.run.server.server import free_port
 
     port = free_port()
     log = tmp_path / "foreign.log"
@@ -178,7 +178,7 @@ def test_a_port_taken_before_the_server_binds_it_is_left_for_another(
     "Address already in use"; specwake starts it once more on a port picked again, and measures it."""
     import socket
 
-    from specwake.run.server import free_port
+    from specwake.run.server.server import free_port
 
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))

@@ -1,7 +1,7 @@
 """specwake itself killed outright (SIGKILL, as the OOM killer and CI job timeouts do), through the real CLI on the fake
 engine (tests/helpers/fakeengine.py), each server with a child in its group like vLLM's engine core: every server
-group dies with the run (its watchdog, specwake/run/lifeline.py), a later run names the servers of a run whose
-watchdogs died too and can stop them (specwake/run/leftovers.py), and `report` on the partial folder names the
+group dies with the run (its watchdog, specwake/run/server/lifeline.py), a later run names the servers of a run whose
+watchdogs died too and can stop them (specwake/run/server/leftovers.py), and `report` on the partial folder names the
 variants that never ran.
 """
 
@@ -20,11 +20,11 @@ import pytest
 from typer.testing import CliRunner
 
 from specwake.cli import app
-from specwake.run import leftovers
-from specwake.run.groups import boot_id, live_group_members, pid_namespace, start_ticks
-from specwake.run.leftovers import ServerRecord, registry_dir, remember
-from specwake.run.lifeline import Lifeline
-from specwake.run.server import Server, ServerSpec, free_port
+from specwake.run.server import leftovers
+from specwake.run.server.groups import boot_id, live_group_members, pid_namespace, start_ticks
+from specwake.run.server.leftovers import ServerRecord, registry_dir, remember
+from specwake.run.server.lifeline import Lifeline
+from specwake.run.server.server import Server, ServerSpec, free_port
 from tests.helpers.fakeengine import REPO, FakeEngine, cli_env, one_run_dir, run_cli, scenario_text
 from tests.helpers.paths import FAKE_SERVER
 from tests.helpers.procs import leftover_processes
@@ -252,14 +252,14 @@ def test_leftovers_stop_ends_a_recorded_group(tmp_path: Path, monkeypatch: pytes
 
 
 def watchdogs_of(pgid: int) -> list[int]:
-    """Pids of the watchdog processes (python -m specwake.run.lifeline PGID ...) watching group `pgid`."""
+    """Pids of the watchdog processes (python -m specwake.run.server.lifeline PGID ...) watching group `pgid`."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"specwake.run.lifeline" in argv and str(pgid).encode() in argv:
+        if b"specwake.run.server.lifeline" in argv and str(pgid).encode() in argv:
             found.append(int(entry.name))
     return found
 
@@ -303,7 +303,7 @@ def test_the_watchdog_kills_a_group_that_ignores_sigterm_after_the_grace_period(
 
 OWNER = """\
 import sys, time
-from specwake.run.lifeline import Lifeline
+from specwake.run.server.lifeline import Lifeline
 line = Lifeline.attach(int(sys.argv[1]), 1.0, None)
 print(line.pid, flush=True)
 time.sleep(600)

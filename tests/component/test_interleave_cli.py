@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from specwake.run.runner import ASKED, MEASURING
+from specwake.run.session.runner import ASKED, MEASURING
 from specwake.runfolder import load_result
 from tests.helpers.fakeengine import kill_survivors, make_fake_engine, one_run_dir, run_cli, scenario_text
 from tests.helpers.procs import leftover_processes

@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from specwake.run.runner import MEASURING, ONE_SERVER
+from specwake.run.session.runner import MEASURING, ONE_SERVER
 from tests.helpers.fakeengine import FakeEngine, one_run_dir, run_cli, run_text, scenario_text
 
 BOTH = {"baseline": "collapse", "patched": "recover"}

@@ -26,12 +26,12 @@ def lint(path: str, line: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("path", "line"),
     [
-        ("specwake/prepare/new.py", "from specwake.run.cycle import cycle_steps as imported"),
+        ("specwake/prepare/new.py", "from specwake.run.measure.cycle import cycle_steps as imported"),
         ("specwake/prepare/new.py", "from specwake.report.markdown import render_markdown as imported"),
         ("specwake/judge/new.py", "from specwake.prepare.scenario import Scenario as imported"),
-        ("specwake/judge/new.py", "from specwake.run.measure import Workload as imported"),
-        ("specwake/judge/new.py", "import specwake.run.assemble as imported"),
-        ("specwake/report/new.py", "from specwake.run.server import Server as imported"),
+        ("specwake/judge/new.py", "from specwake.run.measure.measure import Workload as imported"),
+        ("specwake/judge/new.py", "import specwake.run.session.assemble as imported"),
+        ("specwake/report/new.py", "from specwake.run.server.server import Server as imported"),
     ],
 )
 def test_a_back_import_fails_lint(path: str, line: str) -> None:

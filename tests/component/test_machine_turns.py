@@ -1,7 +1,7 @@
-"""Runs on one machine take turns (specwake/run/machine_turn.py), through real `specwake run` processes and a real
-pytest session on the fake engine, sharing one cache: a run whose tok/s decides waits until another run's servers are
-gone, says so in one line, and both reports say every stage measured alone; runs whose tok/s decides nothing go side by
-side and claim nothing alone; a pytest session waits for a run as a run does; a run killed outright leaves nothing
+"""Runs on one machine take turns (specwake/run/session/machine_turn.py), through real `specwake run` processes and a
+real pytest session on the fake engine, sharing one cache: a run whose tok/s decides waits until another run's servers
+are gone, says so in one line, and both reports say every stage measured alone; runs whose tok/s decides nothing go side
+by side and claim nothing alone; a pytest session waits for a run as a run does; a run killed outright leaves nothing
 locked."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from specwake.run.machine_turn import FOLDER, QUEUE_FILE, machine_turn, waiting_line
+from specwake.run.session.machine_turn import FOLDER, QUEUE_FILE, machine_turn, waiting_line
 from tests.helpers.fakeengine import FakeEngine, ServerSpan, cli_env, one_run_dir, scenario_text
 from tests.helpers.paths import REPO
 
@@ -147,7 +147,7 @@ def test_a_pytest_session_waits_for_the_run_that_holds_the_turn(engine: FakeEngi
 HOLD = """
 import sys, time
 from pathlib import Path
-from specwake.run.machine_turn import machine_turn
+from specwake.run.session.machine_turn import machine_turn
 with machine_turn(Path(sys.argv[1]), sys.argv[2] == "exclusive", print):
     print("held", flush=True)
     time.sleep(60)

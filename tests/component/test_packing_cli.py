@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from specwake.report.markdown import for_terminal
-from specwake.run.schedule import Job, plan_schedule
+from specwake.run.session.schedule import Job, plan_schedule
 from specwake.runfolder import load_result
 from tests.helpers.fakeengine import (
     REPO,

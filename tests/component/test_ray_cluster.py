@@ -1,6 +1,6 @@
-"""specwake.run.raycluster against a fake of Ray's API (tests/helpers/fake_ray, real subprocesses): after a server
-with vLLM's Ray executor stops, specwake waits until the user's cluster counts every GPU free, joins the cluster and
-never starts one, and says so when no cluster answers or its GPUs stay in use."""
+"""specwake.run.server.raycluster against a fake of Ray's API (tests/helpers/fake_ray, real subprocesses): after a
+server with vLLM's Ray executor stops, specwake waits until the user's cluster counts every GPU free, joins the cluster
+and never starts one, and says so when no cluster answers or its GPUs stay in use."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from specwake.run.raycluster import cluster_gpus, wait_until_free
+from specwake.run.server.raycluster import cluster_gpus, wait_until_free
 from tests.helpers.paths import REPO
 
 FAKE_RAY = REPO / "tests" / "helpers" / "fake_ray"

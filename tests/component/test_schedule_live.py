@@ -1,4 +1,4 @@
-"""Tests of specwake.run.schedule: GPU-list parsing, the pure packing plan and its invariants, and
+"""Tests of specwake.run.session.schedule: GPU-list parsing, the pure packing plan and its invariants, and
 run_packed executing real fake servers (tests/helpers/fake_server.py) concurrently on disjoint GPU sets."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from specwake.errors import StartupFailed
-from specwake.run.schedule import (
+from specwake.run.server.server import Server, ServerSpec, free_port
+from specwake.run.session.schedule import (
     Job,
     run_packed,
 )
-from specwake.run.server import Server, ServerSpec, free_port
 from tests.helpers.paths import FAKE_SERVER
 from tests.helpers.procs import running
 

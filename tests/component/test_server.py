@@ -1,4 +1,4 @@
-"""Lifecycle tests of specwake.run.server against tests/helpers/fake_server.py (real processes, no vLLM):
+"""Lifecycle tests of specwake.run.server.server against tests/helpers/fake_server.py (real processes, no vLLM):
 start, readiness, startup failures, SIGTERM/SIGKILL of the whole group, idempotent stop."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specwake.errors import StartupFailed
-from specwake.run.server import (
+from specwake.run.server.server import (
     Server,
     ServerGroup,
     ServerSpec,

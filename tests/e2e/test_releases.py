@@ -269,8 +269,8 @@ def test_what_vllm_claims_of_a_gpu_and_when_it_refuses_free_memory_are_the_relea
 
 
 def test_vllms_server_keeps_its_own_metric_names_and_ray_spells_them_as_specwake_reads(release):
-    """specwake.run.metrics.vllm_name: vLLM's Ray stat logger is used by nothing in vLLM itself (so `vllm serve`'s
-    /metrics keeps `vllm:` names, also with the Ray executor), and it sanitizes a name to [a-zA-Z0-9_]."""
+    """specwake.run.measure.metrics.vllm_name: vLLM's Ray stat logger is used by nothing in vLLM itself (so `vllm
+    serve`'s /metrics keeps `vllm:` names, also with the Ray executor), and it sanitizes a name to [a-zA-Z0-9_]."""
     version, tree = release
     users = [p for p in (tree / "vllm").rglob("*.py") if "RayPrometheusStatLogger" in p.read_text(errors="replace")]
     assert [p.relative_to(tree).as_posix() for p in users] == ["vllm/v1/metrics/ray_wrappers.py"], version

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from specwake.run.server import Server
+from specwake.run.server.server import Server
 from tests.helpers.paths import REPO
 
 REQUIRE_ENV = "SPECWAKE_REQUIRE_VLLM"

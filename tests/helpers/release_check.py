@@ -51,7 +51,7 @@ from specwake.prepare.plan import build_server_command
 from specwake.prepare.releases import TESTED_RELEASES, is_tested
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.protocol import SLEEP_METRIC, STEPS, TRANSFER_METRIC, WORKER_METHODS, release_rules
-from specwake.run.metrics import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, GENERATION_TOKENS
+from specwake.run.measure.metrics import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, GENERATION_TOKENS
 from specwake.worker.discard import ANY_DRAFT, DRAFT_PREFIX
 from tests.helpers.paths import REPO
 from tests.helpers.releases import extra_requirement, release_tree
@@ -60,8 +60,8 @@ from tests.helpers.vllm_api import Report, check_uses
 
 WORKER = sorted((REPO / "specwake" / "worker").glob("*.py"))
 SCENARIOS = sorted((REPO / "scenarios").rglob("*.toml"))
-# What specwake reads from a server's /metrics: the spec-decode counters (specwake/run/metrics.py) and the histograms
-# that time the cycle's steps (specwake/protocol.py).
+# What specwake reads from a server's /metrics: the spec-decode counters (specwake/run/measure/metrics.py) and the
+# histograms that time the cycle's steps (specwake/protocol.py).
 METRIC_NAMES = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS, GENERATION_TOKENS, SLEEP_METRIC, TRANSFER_METRIC)
 REGISTRY_TIMEOUT_S = 120
 _FLAG = re.compile(r"--?[A-Za-z][\w-]*(=.*)?")  # a flag, not a value such as "-1"
@@ -151,11 +151,12 @@ def flags_passed(scenarios: Iterable[Scenario]) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-RUN_CODE = sorted((REPO / "specwake" / "run").glob("*.py"))
+RUN_CODE = sorted((REPO / "specwake" / "run").rglob("*.py"))
 EXTENSION = REPO / "specwake" / "worker" / "extension.py"
 EXTENSION_CLASS = "SpecwakeWorkerExtension"
 WORKER_CLASS = "vllm.v1.worker.gpu_worker.Worker"  # every platform's worker subclasses it (cpu_worker.py too)
-# The openai client's completions.create calls this under the base URL specwake gives it (run/completions.py: /v1).
+# The openai client's completions.create calls this under the base URL specwake gives it (run/measure/completions.py:
+# /v1).
 COMPLETIONS_ROUTE = "/v1/completions"
 _ROUTE = re.compile(r"/[a-z][a-z0-9_]*(?:/[a-z0-9_{}]+)*")
 _CLIENT_CALLS = {"request", "checked"}  # VllmClient's: (METHOD, PATH, ...)

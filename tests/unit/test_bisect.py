@@ -1,5 +1,5 @@
-"""The pure parts of `specwake bisect` (specwake/run/vllm_git.py): which changed files change the build itself, which
-commit a dev build's version names, and where the search starts when `--good` is a tag off `--bad`'s history.
+"""The pure parts of `specwake bisect` (specwake/run/bisect/vllm_git.py): which changed files change the build itself,
+which commit a dev build's version names, and where the search starts when `--good` is a tag off `--bad`'s history.
 tests/component/test_bisect_history.py runs them on git histories; tests/e2e/test_bisect.py bisects a real one."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specwake.errors import InputError
-from specwake.run.vllm_git import Ref, built_from, foreign, range_start, release_tags
+from specwake.run.bisect.vllm_git import Ref, built_from, foreign, range_start, release_tags
 
 # Paths as vLLM's commits touch them: each is (path, whether it changes the installed build).
 VLLM_PATHS = [

@@ -1,6 +1,6 @@
-"""The key a `specwake bisect` step's outcome is kept under (specwake/run/bisect_cache.py): everything that decides
-the outcome changes it — the scenario as the step runs it, the variant, the diff overlaid, the installed build — and
-nothing else does; what is kept reads back, and an outcome that says nothing about the commit is never kept.
+"""The key a `specwake bisect` step's outcome is kept under (specwake/run/bisect/bisect_cache.py): everything that
+decides the outcome changes it — the scenario as the step runs it, the variant, the diff overlaid, the installed build —
+and nothing else does; what is kept reads back, and an outcome that says nothing about the commit is never kept.
 tests/component/test_bisect_history.py and tests/e2e/test_bisect.py show bisects reusing it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specwake.prepare.scenario import Overrides, Scenario, load_scenario
-from specwake.run.bisect_cache import Measured, entry_file, keep, recall, step_key
+from specwake.run.bisect.bisect_cache import Measured, entry_file, keep, recall, step_key
 from tests.helpers.paths import REPO
 
 SCENARIOS = REPO / "scenarios"

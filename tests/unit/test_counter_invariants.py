@@ -3,7 +3,7 @@ metrics path that counts accepted tokens it never drafted has its AL void, the v
 path, and its outcome `error` where it would turn on that AL; an outcome other evidence decides stands.
 
 The planted stages come from the in-memory server (tests/helpers/mock_vllm.py, phantom_accepted) or from
-specwake.run.metrics.disagreement on chosen counts, never typed-in reasons.
+specwake.run.measure.metrics.disagreement on chosen counts, never typed-in reasons.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from specwake.report import render_markdown, stages_frame
 from specwake.report.explain import explain
 from specwake.report.junit import render_junit
 from specwake.results import EngineStage, StageResult
-from specwake.run.client import VllmClient
-from specwake.run.completions import Completer
-from specwake.run.cycle import run_cycle
-from specwake.run.measure import Stopping, Workload, run_stage, stage_name
-from specwake.run.metrics import disagreement
+from specwake.run.measure.client import VllmClient
+from specwake.run.measure.completions import Completer
+from specwake.run.measure.cycle import run_cycle
+from specwake.run.measure.measure import Stopping, Workload, run_stage, stage_name
+from specwake.run.measure.metrics import disagreement
 from tests.helpers import builders
 from tests.helpers.mock_vllm import MockVllm
 

@@ -20,14 +20,14 @@ from specwake.prepare.variants import PreparedVariant, platform_problem
 from specwake.report.explain import explain
 from specwake.report.weights import memory_line, weights_line
 from specwake.results import Diagnostic, StageResult, from_dict, to_dict
-from specwake.run.assemble import VariantRecord, judge_scenario, judge_variant
-from specwake.run.check import measurement_plan
-from specwake.run.client import VllmClient
-from specwake.run.completions import Completer
-from specwake.run.cycle import run_cycle
-from specwake.run.diagnose import Fanout
-from specwake.run.measure import Stopping, Workload, run_stage, stage_name
-from specwake.run.metrics import engine_deltas, parse_spec_counters
+from specwake.run.measure.client import VllmClient
+from specwake.run.measure.completions import Completer
+from specwake.run.measure.cycle import run_cycle
+from specwake.run.measure.diagnose import Fanout
+from specwake.run.measure.measure import Stopping, Workload, run_stage, stage_name
+from specwake.run.measure.metrics import engine_deltas, parse_spec_counters
+from specwake.run.session.assemble import VariantRecord, judge_scenario, judge_variant
+from specwake.run.session.check import measurement_plan
 from tests.helpers.mock_vllm import MockVllm
 from tests.helpers.scenario_texts import MINIMAL
 

@@ -226,7 +226,7 @@ def test_the_scenario_key_takes_the_rules_the_protocol_names(tmp_path: Any) -> N
 
 
 def test_the_discard_step_carries_the_scenarios_rules_to_the_worker() -> None:
-    from specwake.run.cycle import cycle_steps
+    from specwake.run.measure.cycle import cycle_steps
 
     def discard(rules: str | None) -> tuple[tuple[str, str], ...]:
         return next(s for s in cycle_steps(2, True, "nan", rules=rules) if s.name == "discard").rpc_kwargs

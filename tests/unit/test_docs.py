@@ -63,7 +63,7 @@ def test_the_help_of_sequential_says_what_the_mode_lines_of_a_run_say() -> None:
     from typer.testing import CliRunner
 
     from specwake.cli import app
-    from specwake.run.runner import ASKED, MEASURING
+    from specwake.run.session.runner import ASKED, MEASURING
 
     help_text = " ".join(CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "300"}).output.split())
     flag = help_text[help_text.index("--no-sequential") :]

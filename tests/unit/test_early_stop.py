@@ -1,5 +1,5 @@
-"""A stage after a cycle stops once its AL is decided (specwake.run.measure.run_stage with a Stopping), against an
-in-memory vLLM whose counters are the tiny pair's: every step accepts K = 3 when the drafter is whole, none after its
+"""A stage after a cycle stops once its AL is decided (specwake.run.measure.measure.run_stage with a Stopping), against
+an in-memory vLLM whose counters are the tiny pair's: every step accepts K = 3 when the drafter is whole, none after its
 weights were discarded."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from specwake.run.client import VllmClient
-from specwake.run.completions import Completer
-from specwake.run.cycle import run_cycle
-from specwake.run.measure import Stopping, Workload, drift, run_stage, stage_name
+from specwake.run.measure.client import VllmClient
+from specwake.run.measure.completions import Completer
+from specwake.run.measure.cycle import run_cycle
+from specwake.run.measure.measure import Stopping, Workload, drift, run_stage, stage_name
 from tests.helpers.mock_vllm import MockVllm
 
 WORKLOAD = Workload(

@@ -1,4 +1,4 @@
-"""Unit tests of specwake.run.assemble: a variant's record becomes its result with every decision applied, and
+"""Unit tests of specwake.run.session.assemble: a variant's record becomes its result with every decision applied, and
 variants become a scenario's result, with no server and no file — records built here, scenarios read from text."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from specwake.prepare.engine import EngineInfo
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant
 from specwake.results import INCOMPLETE, Diagnostic
-from specwake.run.assemble import VariantRecord, judge_scenario, judge_variant
+from specwake.run.session.assemble import VariantRecord, judge_scenario, judge_variant
 from specwake.runfolder import RunLayout
 from tests.helpers.builders import stage
 from tests.helpers.scenario_texts import MINIMAL

@@ -1,5 +1,5 @@
-"""Tests of specwake.run.leftovers on records written here: which records name a leftover, which are dropped, which
-belong to someone else; read from this machine's /proc (no process is started or signalled)."""
+"""Tests of specwake.run.server.leftovers on records written here: which records name a leftover, which are dropped,
+which belong to someone else; read from this machine's /proc (no process is started or signalled)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from specwake.events import Event
-from specwake.run.groups import boot_id, pid_namespace, start_ticks
-from specwake.run.leftovers import (
+from specwake.run.server.groups import boot_id, pid_namespace, start_ticks
+from specwake.run.server.leftovers import (
     Leftover,
     ServerRecord,
     describe,

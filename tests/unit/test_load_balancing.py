@@ -19,12 +19,12 @@ from specwake.prepare.plan import PORT_UNSET, build_server_command, build_server
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant, overlay_under_ray, plan_servers, plan_variant
 from specwake.results import StageResult
-from specwake.run.client import FannedClient, VllmClient
-from specwake.run.completions import Completer, FannedCompleter
-from specwake.run.cycle import run_cycle
-from specwake.run.diagnose import Fanout
-from specwake.run.measure import Stopping, Workload, run_stage, stage_name
-from specwake.run.metrics import parse_spec_counters, summed
+from specwake.run.measure.client import FannedClient, VllmClient
+from specwake.run.measure.completions import Completer, FannedCompleter
+from specwake.run.measure.cycle import run_cycle
+from specwake.run.measure.diagnose import Fanout
+from specwake.run.measure.measure import Stopping, Workload, run_stage, stage_name
+from specwake.run.measure.metrics import parse_spec_counters, summed
 from tests.helpers.mock_vllm import MockVllm
 from tests.helpers.scenario_texts import MINIMAL
 from tests.unit.test_data_parallel import ENGINE

@@ -1,4 +1,4 @@
-"""specwake.run.machine_turn: runs on one machine take turns through lock files in specwake's cache. Each holder
+"""specwake.run.session.machine_turn: runs on one machine take turns through lock files in specwake's cache. Each holder
 here is a thread with its own descriptors, which flock treats as another run would be (a lock belongs to its open
 file, not its process); that a dead process leaves nothing locked is tests/component/test_machine_turns.py's."""
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from specwake.events import Event
-from specwake.run.machine_turn import machine_turn, turn_file, waiting_line
+from specwake.run.session.machine_turn import machine_turn, turn_file, waiting_line
 
 POLL_S = 0.01
 SETTLE_S = 0.3  # long enough for a waiter to have taken the turn had it been free

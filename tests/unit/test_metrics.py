@@ -1,4 +1,4 @@
-"""Unit tests of specwake.run.metrics on crafted Prometheus texts and on a real vLLM CPU 0.32 scrape.
+"""Unit tests of specwake.run.measure.metrics on crafted Prometheus texts and on a real vLLM CPU 0.32 scrape.
 
 Expected numbers are computed in the tests from the inputs they write (or grep), never typed in.
 """
@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from specwake.run.metrics import (
+from specwake.run.measure.metrics import (
     ACCEPTED,
     ACCEPTED_PER_POS,
     DRAFT_TOKENS,

@@ -15,8 +15,8 @@ from specwake.report.columns import junit_line as stage_line
 from specwake.report.cycles import logprob_line
 from specwake.report.explain import explain
 from specwake.results import NEAR_TIE_NATS, StageResult, from_dict
-from specwake.run.completions import TOP_LOGPROBS, Completer, Completion
-from specwake.run.measure import Drift, drift
+from specwake.run.measure.completions import TOP_LOGPROBS, Completer, Completion
+from specwake.run.measure.measure import Drift, drift
 from tests.helpers.builders import stage, variant
 from tests.helpers.paths import DATA
 

@@ -19,8 +19,8 @@ from specwake.prepare.variants import PreparedVariant
 from specwake.report.junit import render_junit
 from specwake.report.summary import render_markdown
 from specwake.results import Diagnostic, from_dict, to_dict
-from specwake.run.assemble import VariantRecord, judge_scenario, judge_variant
-from specwake.run.check import describe
+from specwake.run.session.assemble import VariantRecord, judge_scenario, judge_variant
+from specwake.run.session.check import describe
 from tests.helpers.builders import stage
 from tests.helpers.scenario_texts import MINIMAL
 

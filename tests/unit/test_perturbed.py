@@ -2,7 +2,7 @@
 tensors (specwake.protocol.choose), and how a variant is judged and explained by what was perturbed. Scaling the
 target's tensors must change the output; scaling the drafter's alone cannot (the target verifies every token), so the
 drafter is judged by its checksums and AL, and changed completions are a corrupted target. Records are judged through
-specwake.run.assemble, as a run judges them.
+specwake.run.session.assemble, as a run judges them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from specwake.prepare.variants import PreparedVariant
 from specwake.protocol import Chosen, PushRequest, TransferChunk, choose
 from specwake.report.explain import explain
 from specwake.results import Diagnostic, Push, VariantResult
-from specwake.run.assemble import VariantRecord, judge_variant
+from specwake.run.session.assemble import VariantRecord, judge_variant
 from tests.helpers.builders import stage
 from tests.helpers.scenario_texts import MINIMAL
 
@@ -207,7 +207,7 @@ def test_a_partial_target_sync_is_a_corrupted_target(tmp_path: Path) -> None:
 
 def test_a_session_left_with_nothing_to_send_starts_and_finishes_without_an_update() -> None:
     """`draft:*` in push_skip: the draft session runs (as a trainer's would) and sends no tensor."""
-    from specwake.run.cycle import cycle_steps
+    from specwake.run.measure.cycle import cycle_steps
 
     sync = PushRequest(("target", "draft"), via="weight_transfer", skip=("draft:*",))
     chunks = {"target": [TransferChunk("target", "/m/model.safetensors", ("a",))], "draft": []}

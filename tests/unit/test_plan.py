@@ -18,7 +18,7 @@ from specwake.prepare.plan import (
 )
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant
-from specwake.run.check import measurement_plan
+from specwake.run.session.check import measurement_plan
 
 SCENARIO = """
 [server]

@@ -15,7 +15,7 @@ import pytest
 
 from specwake.errors import Interrupted
 from specwake.report import render_markdown
-from specwake.run.gate import Gate, Quiet
+from specwake.run.measure.gate import Gate, Quiet
 from tests.helpers.builders import measured_stage, reported_variant, scenario
 
 WAIT_S = 5.0  # generous bound for one thread to reach a point; a deadlock fails the test instead of hanging

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specwake.prepare.releases import TESTED_RELEASES
-from specwake.run.metrics import GENERATION_TOKENS
+from specwake.run.measure.metrics import GENERATION_TOKENS
 from tests.helpers.release_check import (
     METRIC_NAMES,
     UNTESTED_NEWEST,

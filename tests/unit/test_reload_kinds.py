@@ -18,9 +18,9 @@ from specwake.protocol import KIND_BY_VIA, PUSH_KEYS, RELOAD_KINDS, ROLES, STEP_
 from specwake.report.explain import sent_line
 from specwake.report.summary import render_markdown
 from specwake.results import Push
-from specwake.run.assemble import push_of
-from specwake.run.check import measurement_plan
-from specwake.run.cycle import RESTORE_STEPS, cycle_steps
+from specwake.run.measure.cycle import RESTORE_STEPS, cycle_steps
+from specwake.run.session.assemble import push_of
+from specwake.run.session.check import measurement_plan
 from tests.helpers.builders import tiny_cpu
 from tests.helpers.scenario_texts import MINIMAL
 

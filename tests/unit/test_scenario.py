@@ -259,7 +259,7 @@ def test_min_repeats_defaults_to_two_or_repeats_and_may_not_exceed_repeats(tmp_p
 
 
 def test_inexact_tensors_each_say_why_and_reach_the_fresh_fingerprint_only(tmp_path: Path) -> None:
-    from specwake.run.diagnose import fingerprint_kwargs
+    from specwake.run.measure.diagnose import fingerprint_kwargs
 
     named = '[cycle]\ninexact_tensors = { "model.layers.*.W_UK_T" = "another GEMM on this GPU" }\n'
     s = load_scenario(write(tmp_path, MINIMAL + named))

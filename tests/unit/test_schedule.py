@@ -1,4 +1,4 @@
-"""Tests of specwake.run.schedule: GPU-list parsing, the pure packing plan and its invariants, and
+"""Tests of specwake.run.session.schedule: GPU-list parsing, the pure packing plan and its invariants, and
 run_packed executing real fake servers (tests/helpers/fake_server.py) concurrently on disjoint GPU sets."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.bench_schedule import lower_bound, makespan, utilisation
 from specwake.errors import Interrupted
-from specwake.run.schedule import (
+from specwake.run.session.schedule import (
     Assignment,
     Job,
     choose_gpus,

@@ -153,7 +153,7 @@ def stage(
     warmup_tokens: int = WARMUP_TOKENS,
     lines: tuple[tuple[str, float], ...] = LINES,
 ) -> tuple[AcceptanceTest, list[Request]]:
-    """One simulated stage after a cycle, stopped as specwake.run.measure stops it."""
+    """One simulated stage after a cycle, stopped as specwake.run.measure.measure stops it."""
     test = acceptance_test(lines)
     for _ in range(warmup):
         test = test.warmed(process(rng, warmup_tokens).counts)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from specwake.errors import InputError
-from specwake.run.shards import Shard, assign, choose_shard, jobs_of, merge_shards, parse_shard
+from specwake.run.session.shards import Shard, assign, choose_shard, jobs_of, merge_shards, parse_shard
 from specwake.runfolder import load_result
 from tests.helpers.paths import DATA
 
@@ -88,7 +88,7 @@ def test_merged_shards_name_every_run_folder_they_came_from() -> None:
 
 
 def test_buildkites_parallel_job_variables_name_the_shard() -> None:
-    from specwake.run.shards import shard_from_env
+    from specwake.run.session.shards import shard_from_env
 
     assert shard_from_env({"BUILDKITE_PARALLEL_JOB": "0", "BUILDKITE_PARALLEL_JOB_COUNT": "4"}) == Shard(1, 4)
     assert shard_from_env({"BUILDKITE_PARALLEL_JOB": "3", "BUILDKITE_PARALLEL_JOB_COUNT": "4"}) == Shard(4, 4)

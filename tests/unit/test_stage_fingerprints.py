@@ -22,8 +22,8 @@ from specwake.report.details import details  # noqa: E402
 from specwake.report.explain import explain  # noqa: E402
 from specwake.report.summary import verdict_line  # noqa: E402
 from specwake.results import STAGE_FINGERPRINTS, Diagnostic  # noqa: E402
-from specwake.run.assemble import judge_scenario, judge_variant  # noqa: E402
-from specwake.run.diagnose import fingerprint_kwargs  # noqa: E402
+from specwake.run.measure.diagnose import fingerprint_kwargs  # noqa: E402
+from specwake.run.session.assemble import judge_scenario, judge_variant  # noqa: E402
 from tests.helpers.builders import stage  # noqa: E402
 from tests.unit.test_judge import held as held_record  # noqa: E402
 from tests.unit.test_judge import prepared, scenario  # noqa: E402

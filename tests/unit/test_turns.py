@@ -10,7 +10,7 @@ import time
 import pytest
 
 from specwake.errors import Interrupted
-from specwake.run.gate import AnyTime, Turns
+from specwake.run.measure.gate import AnyTime, Turns
 
 WAIT_S = 5.0  # generous bound for one thread to reach a point; a deadlock fails the test instead of hanging
 

@@ -1,5 +1,5 @@
-"""A fake of the Ray calls specwake's cluster probe makes (specwake/run/raycluster.py), for tests: put its folder on
-PYTHONPATH. `init(address="auto")` joins the cluster FAKE_RAY_STATE describes, a JSON file {"total": GPUs,
+"""A fake of the Ray calls specwake's cluster probe makes (specwake/run/server/raycluster.py), for tests: put its folder
+on PYTHONPATH. `init(address="auto")` joins the cluster FAKE_RAY_STATE describes, a JSON file {"total": GPUs,
 "busy_probes": probes that still see some of them in use, "probes": probes so far}; without that variable there is
 no cluster and it raises ConnectionError, as Ray's own does."""
 

@@ -1,7 +1,8 @@
 """`specwake check`: everything `run` resolves before it launches, for every scenario, as text, and why a variant
 cannot run on this machine; no server starts. The scenarios are loaded, prepared and validated as `run` does them
-(run/session.py), the servers planned as its packer would place them (run/runner.py, run/schedule.py), and the cycle
-each variant would go through listed from the cycle's own step builder (run/cycle.py).
+(run/session/session.py), the servers planned as its packer would place them (run/session/runner.py,
+run/session/schedule.py), and the cycle each variant would go through listed from the cycle's own step builder
+(run/measure/cycle.py).
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ from specwake.prepare.variants import (
     validate_run,
 )
 from specwake.protocol import ROLES, PushRequest, rules_name
-from specwake.run.cycle import cycle_steps
-from specwake.run.runner import Work, mode_line, packing_mode, server_jobs
-from specwake.run.schedule import plan_schedule
-from specwake.run.session import refuse_invisible_gpus, refuse_same_names, visible_gpus
+from specwake.run.measure.cycle import cycle_steps
+from specwake.run.session.runner import Work, mode_line, packing_mode, server_jobs
+from specwake.run.session.schedule import plan_schedule
+from specwake.run.session.session import refuse_invisible_gpus, refuse_same_names, visible_gpus
 from specwake.runfolder import RunLayout
 
 
@@ -138,7 +139,7 @@ def _hub_models(scenario: Scenario) -> list[tuple[str, str]]:
 
 
 def _early_stop(w: WorkloadSection, engines: int = 1) -> str:
-    """How many requests a stage after a cycle takes, where it may stop early (specwake.run.measure)."""
+    """How many requests a stage after a cycle takes, where it may stop early (specwake.run.measure.measure)."""
     if engines > 1:
         return f", in turn to the {engines} engines (every one, no early stop)"
     if w.least_repeats >= w.repeats:

@@ -21,9 +21,9 @@ import httpx
 
 from specwake.errors import StartupFailed
 from specwake.prepare.plan import REDACTED, redact_env
-from specwake.run.groups import end_group, group_rss_bytes, live_group_members
-from specwake.run.leftovers import ServerRecord, forget, remember
-from specwake.run.lifeline import Lifeline
+from specwake.run.server.groups import end_group, group_rss_bytes, live_group_members
+from specwake.run.server.leftovers import ServerRecord, forget, remember
+from specwake.run.server.lifeline import Lifeline
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant
 from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
-from specwake.run.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
-from specwake.run.gate import AnyTime, Gate, Quiet, Turns
-from specwake.run.schedule import Job, run_packed, side_by_side
-from specwake.run.variant_run import VariantRun
+from specwake.run.measure.gate import AnyTime, Gate, Quiet, Turns
+from specwake.run.session.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
+from specwake.run.session.schedule import Job, run_packed, side_by_side
+from specwake.run.session.variant_run import VariantRun
 from specwake.runfolder import RunLayout, write_files
 
 

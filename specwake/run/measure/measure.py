@@ -22,9 +22,16 @@ from specwake.judge.verdict import recovery_bound
 from specwake.prepare.prompts import probe_prompt
 from specwake.prepare.scenario import Scenario
 from specwake.results import LOGPROB_TOLERANCE, NEAR_TIE_NATS, EngineStage, StageResult
-from specwake.run.client import VllmClient
-from specwake.run.completions import Completer, Completion
-from specwake.run.metrics import SpecCounters, SpecDelta, counter_delta, engine_deltas, parse_spec_counters, summed
+from specwake.run.measure.client import VllmClient
+from specwake.run.measure.completions import Completer, Completion
+from specwake.run.measure.metrics import (
+    SpecCounters,
+    SpecDelta,
+    counter_delta,
+    engine_deltas,
+    parse_spec_counters,
+    summed,
+)
 
 
 @dataclass(frozen=True)

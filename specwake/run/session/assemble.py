@@ -1,6 +1,6 @@
-"""From what a run recorded to what it means, in one pure place: a variant's record (specwake.run.variant_run) becomes a
-VariantResult with its outcome, match and findings; a scenario's variants become a ScenarioResult with its verdict
-and provenance. No server, no file: tests drive it from builders.
+"""From what a run recorded to what it means, in one pure place: a variant's record (specwake.run.session.variant_run)
+becomes a VariantResult with its outcome, match and findings; a scenario's variants become a ScenarioResult with its
+verdict and provenance. No server, no file: tests drive it from builders.
 """
 
 from __future__ import annotations
@@ -174,7 +174,8 @@ def judge_scenario(
     shard: str | None = None,
 ) -> ScenarioResult:
     """The scenario result; a variant still running (outcome `incomplete`) takes no part in the verdict. `host`: the
-    machine's host_info(); `shard`: "K/N" when this machine ran only its share of the jobs (specwake.run.shards)."""
+    machine's host_info(); `shard`: "K/N" when this machine ran only its share of the jobs
+    (specwake.run.session.shards)."""
     verdict = decide_verdict([(v.outcome, v.matched) for v in variants if v.outcome != INCOMPLETE])
     return ScenarioResult(
         scenario={

@@ -1,8 +1,8 @@
 """The lifeline from specwake to one server's process group: a watchdog process that stops the group when the
 specwake process that started it dies, however it dies (SIGKILL, the OOM killer, a CI job's timeout).
 
-specwake holds the write end of a pipe and never writes to it; the watchdog (`python -m specwake.run.lifeline PGID
-GRACE_S SPECWAKE_PID`, the read end as its stdin) waits for end of file, which comes when specwake closes its end
+specwake holds the write end of a pipe and never writes to it; the watchdog (`python -m specwake.run.server.lifeline
+PGID GRACE_S SPECWAKE_PID`, the read end as its stdin) waits for end of file, which comes when specwake closes its end
 after stopping the group, or when the kernel closes it because specwake died. If the group still has live processes
 then, the watchdog stops them as Server.stop does (SIGTERM and SIGCONT, SIGKILL after the grace period), engine core
 and workers included: they are members of the group. It exits then, or as soon as the group has no live process, so
@@ -24,7 +24,7 @@ import threading
 from typing import IO
 
 from specwake.prepare.models import builder_env
-from specwake.run.groups import end_group, live_group_members
+from specwake.run.server.groups import end_group, live_group_members
 
 POLL_S = 1.0  # how often the watchdog looks whether its group has ended by itself
 REAP_TIMEOUT_S = 2.0  # how long specwake waits for a watchdog to exit once the line is cut
@@ -80,7 +80,7 @@ class Lifeline:
 
 def watchdog_command(pgid: int, grace_s: float) -> list[str]:
     """The watchdog's argv: specwake's interpreter running this module (builder_env puts specwake on its path)."""
-    return [sys.executable, "-m", "specwake.run.lifeline", str(pgid), f"{grace_s:g}", str(os.getpid())]
+    return [sys.executable, "-m", "specwake.run.server.lifeline", str(pgid), f"{grace_s:g}", str(os.getpid())]
 
 
 def watch(pgid: int, grace_s: float, line: int, owner: int, poll_s: float = POLL_S) -> list[int] | None:

@@ -24,15 +24,16 @@ from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant, check_imports, plan_servers, uses_ray
 from specwake.protocol import KIND_BY_VIA, PushRequest, TransferChunk
 from specwake.results import STAGE_FINGERPRINTS, StepResult, VariantResult
-from specwake.run import diagnose, raycluster
-from specwake.run.assemble import VariantRecord, judge_variant, push_of
-from specwake.run.client import FannedClient, VllmClient
-from specwake.run.completions import Completer, Completion, FannedCompleter
-from specwake.run.cycle import run_cycle
-from specwake.run.gate import Gate
-from specwake.run.measure import Stopping, Workload, run_stage, stage_name
-from specwake.run.metrics import OperationClock
-from specwake.run.server import Server, ServerGroup, ServerSpec, describe_exit, free_port
+from specwake.run.measure import diagnose
+from specwake.run.measure.client import FannedClient, VllmClient
+from specwake.run.measure.completions import Completer, Completion, FannedCompleter
+from specwake.run.measure.cycle import run_cycle
+from specwake.run.measure.gate import Gate
+from specwake.run.measure.measure import Stopping, Workload, run_stage, stage_name
+from specwake.run.measure.metrics import OperationClock
+from specwake.run.server import raycluster
+from specwake.run.server.server import Server, ServerGroup, ServerSpec, describe_exit, free_port
+from specwake.run.session.assemble import VariantRecord, judge_variant, push_of
 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result
@@ -288,7 +289,7 @@ class VariantRun:
             t0 = self.clock()
             self.server.stop()
             if self.ray and self.client is not None and not (self.cancel is not None and self.cancel.is_set()):
-                # the cluster's GPUs free again before the devices go to the next server (run/raycluster.py)
+                # the cluster's GPUs free again before the devices go to the next server (run/server/raycluster.py)
                 self.say(raycluster.wait_until_free(self.plan.python, self.plan.env, RAY_FREE_TIMEOUT_S))
         if self.client is not None:
             for member in self.client.members:

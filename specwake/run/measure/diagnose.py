@@ -22,7 +22,7 @@ from typing import Any
 from specwake import protocol
 from specwake.errors import RequestFailed, ServerFault
 from specwake.results import CheckerReading, Diagnostic
-from specwake.run.client import FannedClient, VllmClient
+from specwake.run.measure.client import FannedClient, VllmClient
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specwake.events import Event, Events
 from specwake.files import write_atomic
-from specwake.run.groups import boot_id, end_group, live_group_members, pid_namespace, start_ticks
+from specwake.run.server.groups import boot_id, end_group, live_group_members, pid_namespace, start_ticks
 
 SERVERS = "servers"  # the records' folder in specwake's cache
 GRACE_S = 10.0  # SIGTERM to SIGKILL when stopping a leftover, as Server.stop waits

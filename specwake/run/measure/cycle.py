@@ -18,7 +18,7 @@ from specwake import protocol
 from specwake.errors import InputRejected, RequestFailed, RequestTimeout, ServerFault
 from specwake.protocol import PushAnswer, PushRequest, StepKind, TransferChunk
 from specwake.results import StepResult
-from specwake.run.client import Answer, VllmClient
+from specwake.run.measure.client import Answer, VllmClient
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ from specwake.prepare.variants import (
 from specwake.report import render_markdown
 from specwake.report.junit import write_junit
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
-from specwake.run.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
-from specwake.run.leftovers import handle_leftovers, registry_dir
-from specwake.run.machine_turn import machine_turn
-from specwake.run.runner import Work, mode_line, run_packed_scenarios, run_scenario, server_jobs, speed_binds
-from specwake.run.shards import Shard, jobs_of
+from specwake.run.server.leftovers import handle_leftovers, registry_dir
+from specwake.run.session.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
+from specwake.run.session.machine_turn import machine_turn
+from specwake.run.session.runner import Work, mode_line, run_packed_scenarios, run_scenario, server_jobs, speed_binds
+from specwake.run.session.shards import Shard, jobs_of
 from specwake.runfolder import RESULT_FILE, RunLayout, check_writable, load_result, scenario_results, write_files
 
 

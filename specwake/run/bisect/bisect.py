@@ -20,9 +20,9 @@ A `--good` that is not an ancestor of `--bad` (vLLM tags a release on its releas
 base, and the bisect says so. The same search finds the commit that fixed a failure: `--good` older and failing,
 `--bad` newer and passing.
 
-A step's outcome is kept in specwake's cache (run/bisect_cache.py), keyed by what decides it — the installed build,
-the diff overlaid, the scenario as the step runs it — and a later bisect that reaches a step of the same key reuses it
-instead of running it again, and says so (`--remeasure`: run every step, and keep the new outcomes).
+A step's outcome is kept in specwake's cache (run/bisect/bisect_cache.py), keyed by what decides it — the installed
+build, the diff overlaid, the scenario as the step runs it — and a later bisect that reaches a step of the same key
+reuses it instead of running it again, and says so (`--remeasure`: run every step, and keep the new outcomes).
 """
 
 from __future__ import annotations
@@ -46,9 +46,8 @@ from specwake.prepare.engine import install_stamp, probe_engine, resolve_python
 from specwake.prepare.models import cache_dir
 from specwake.prepare.releases import ByRelease
 from specwake.prepare.scenario import Overrides, load_scenario
-from specwake.run.bisect_cache import Measured, keep, recall, step_key
-from specwake.run.session import RunRequest, execute
-from specwake.run.vllm_git import (
+from specwake.run.bisect.bisect_cache import Measured, keep, recall, step_key
+from specwake.run.bisect.vllm_git import (
     PLAIN,
     UNDER_VLLM,
     Ref,
@@ -60,6 +59,7 @@ from specwake.run.vllm_git import (
     range_start,
     resolve,
 )
+from specwake.run.session.session import RunRequest, execute
 
 BISECT_FILE = "bisect.json"
 

@@ -1,7 +1,7 @@
 """Servers side by side on one CPU, measurements alone: whose turn it is to measure.
 
-On a CPU every server runs confined to cores of its own (specwake.run.variant_run), so one server's start, stop or
-cycle cannot take CPU from another. Measurements still share caches and memory, so they take turns: a server that
+On a CPU every server runs confined to cores of its own (specwake.run.session.variant_run), so one server's start, stop
+or cycle cannot take CPU from another. Measurements still share caches and memory, so they take turns: a server that
 is ready waits for its turn, then runs all its phases — the fresh stage, every cycle and the stage after it — while
 no other server measures or cycles, and hands the turn on. Servers get their turn in the order they asked for it.
 Whole variants rather than single stages take turns so that the other cores start the next servers meanwhile: a
