@@ -404,6 +404,19 @@ def runner_env(model_runner: str | None, *, is_gpu: bool) -> dict[str, str]:
     return env
 
 
+def warm_startable(plan: VariantPlan) -> bool:
+    """Whether the plan's server may be forked from a warm launcher that has made its imports
+    (specwake.run.server.warm): an API server of specwake's launcher on a CPU, whose processes fork. A GPU server
+    starts cold: CUDA must not be touched before a fork, and its imports are not most of its start."""
+    return (
+        not plan.launch
+        and plan.argv[1:3] == ["-m", SERVER_LAUNCHER]
+        and "--headless" not in plan.argv
+        and plan.env_added.get(INSPECT_IN_PROCESS) == "1"  # set for a CPU server only
+        and plan.env.get(START_METHOD) == "fork"
+    )
+
+
 def eager(scenario: Scenario, variant: Variant) -> bool:
     """Whether the variant's server runs its model eagerly: the scenario's server does, or the variant adds
     `--enforce-eager`."""

@@ -43,6 +43,9 @@ from specwake.worker.triton_cpu import interpret_triton_on_cpu
 T = TypeVar("T")
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# What a warm launcher (specwake.worker.warm) imports ahead of forking a server from it: the server module, whose own
+# imports (torch, vLLM, the HTTP stack) are most of a CPU server's start.
+PRELOAD = (SERVER_MODULE,)
 HEADLESS = "--headless"
 START_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"  # plan.START_METHOD (the launcher imports nothing of specwake's)
 INSPECT_IN_PROCESS = "SPECWAKE_INSPECT_IN_PROCESS"  # plan.INSPECT_IN_PROCESS

@@ -10,11 +10,13 @@ import pytest
 from specwake.errors import PlatformMismatch
 from specwake.prepare.engine import EngineInfo
 from specwake.prepare.plan import (
+    VariantPlan,
     build_server_command,
     build_server_env,
     cpu_thread_binding,
     redact_env,
     resolve_discard,
+    warm_startable,
 )
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant
@@ -281,3 +283,18 @@ def test_check_says_a_chunked_draft_sync_of_a_dflash_or_dspark_drafter_crashes(
         return
     assert len(notes) == 1 and f"this {crashes} drafter inside vLLM's load_weights" in notes[0]
     assert text.index("both: expect") < text.index(notes[0])  # said under the variant that syncs the drafter
+
+
+@pytest.mark.parametrize("is_gpu", [False, True])
+def test_only_a_cpu_api_server_whose_processes_fork_starts_warm(scenario: Scenario, is_gpu: bool) -> None:
+    variant = scenario.variants[0]
+    command = dict(python="/py", port=1, model="m", draft_model=None, sleep_mode=is_gpu, is_gpu=is_gpu)
+    argv = build_server_command(scenario, variant, **command)  # type: ignore[arg-type]
+    env, added = build_server_env(scenario, variant, base_env={}, pythonpath=["/p"], is_gpu=is_gpu, cpu_ids=[0, 1])
+    plan = VariantPlan(variant, "/py", argv, env, added, 1, "emulated")
+    assert warm_startable(plan) is not is_gpu
+    if not is_gpu:
+        spawned = {**env, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}  # a user's choice: nothing to fork from
+        assert not warm_startable(VariantPlan(variant, "/py", argv, spawned, added, 1, "emulated"))
+        headless = [*argv, "--headless"]  # another node's engines: run by specwake's node command
+        assert not warm_startable(VariantPlan(variant, "/py", headless, env, added, 1, "emulated"))

@@ -24,10 +24,15 @@ from specwake.prepare.plan import REDACTED, redact_env
 from specwake.run.server.groups import end_group, group_rss_bytes, live_group_members
 from specwake.run.server.leftovers import ServerRecord, forget, remember
 from specwake.run.server.lifeline import Lifeline
+from specwake.run.server.warm import WARM_STARTS, LauncherFailed, WarmProcess, WarmStarts
 
 log = logging.getLogger(__name__)
 
 _TAIL_BYTES = 256 * 1024
+REAP_TIMEOUT_S = 1.0  # for the exit code of a stopped server (a warm one's comes from its launcher)
+
+# A cold server is specwake's child; a warm one its launcher's, whose exit code the launcher reports (warm.py)
+ServerProcess = subprocess.Popen[bytes] | WarmProcess
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,9 @@ class ServerSpec:
     registry: Path | None = None
     # False: another node's headless engines (server.nodes), no HTTP server: ready while it runs
     http: bool = True
+    # True: forked from a warm launcher that has made its imports (warm.py), where one can start: argv is
+    # ``python -m MODULE ...`` of a CPU server (plan.warm_startable)
+    warm: bool = False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -89,12 +97,14 @@ class Server:
         *,
         poll_interval_s: float = 0.25,
         grace_s: float = 10.0,
+        warm_starts: WarmStarts = WARM_STARTS,
     ) -> None:
         self.spec = spec
+        self.warm_starts = warm_starts
         self.poll_interval_s = poll_interval_s
         self.grace_s = grace_s
         self.base_url = f"http://{spec.host}:{spec.port}"
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: ServerProcess | None = None
         self._log_file: IO[bytes] | None = None
         self._lifeline: Lifeline | None = None
         self._record: Path | None = None
@@ -119,25 +129,51 @@ class Server:
         self._log_file.write(log_header(spec, datetime.now(timezone.utc)).encode())
         self._log_file.flush()
         try:
-            self._proc = subprocess.Popen(
-                spec.argv,
-                env=spec.env,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self._proc = self._fork_warm() if spec.warm else None
+            if self._proc is None:
+                self._proc = self._launch_cold()
         except OSError as exc:
             self._log_file.close()
             self._log_file = None
             raise StartupFailed(f"cannot launch {spec.argv[0]!r}: {exc}") from exc
-        if spec.cpus:
-            try:
-                os.sched_setaffinity(self._proc.pid, spec.cpus)
-            except OSError as exc:  # gone already: wait_ready reports how it exited
-                log.warning("cannot confine server pid %d to cores %s: %s", self._proc.pid, spec.cpus, exc)
         self._tie(self._proc.pid)
         log.info("started server pid %d on %s, log %s", self._proc.pid, self.base_url, spec.log_path)
+
+    def _launch_cold(self) -> subprocess.Popen[bytes]:
+        """The server as a process of its own: its interpreter imports everything (OSError when it cannot run)."""
+        spec = self.spec
+        proc = subprocess.Popen(
+            spec.argv,
+            env=spec.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        if spec.cpus:
+            try:
+                os.sched_setaffinity(proc.pid, spec.cpus)
+            except OSError as exc:  # gone already: wait_ready reports how it exited
+                log.warning("cannot confine server pid %d to cores %s: %s", proc.pid, spec.cpus, exc)
+        return proc
+
+    def _fork_warm(self) -> WarmProcess | None:
+        """The server forked from its warm launcher, which holds it to its cores itself; None where it starts cold
+        (no launcher for it, or the launcher failed: warm.py says so in specwake's log)."""
+        spec = self.spec
+        launcher = self.warm_starts.launcher(spec.argv, spec.env, spec.log_path.parent)
+        if launcher is None or self._log_file is None:
+            return None
+        self._log_file.write(
+            f"# warm start: forked from launcher pid {launcher.pid}, whose imports took {launcher.import_s} s"
+            f" (its log: {launcher.log_path.name})\n".encode()
+        )
+        self._log_file.flush()
+        try:
+            return launcher.fork(spec.argv[3:], spec.env, spec.log_path, spec.cpus)
+        except LauncherFailed as exc:
+            log.warning("server on %s starts cold: its warm launcher failed: %s", self.base_url, exc)
+            return None
 
     def _tie(self, pgid: int) -> None:
         """The group's watchdog, which stops it if specwake dies, and its record for a later run, in case the
@@ -188,7 +224,7 @@ class Server:
             self.log_tail(),
         )
 
-    def _check_running(self, proc: subprocess.Popen[bytes], started: float) -> None:
+    def _check_running(self, proc: ServerProcess, started: float) -> None:
         code = proc.poll()
         if code is not None:
             waited = time.monotonic() - started
@@ -258,26 +294,31 @@ class Server:
         if self._record is not None and not live_group_members(pgid):
             forget(self._record)
 
-    def _require_proc(self) -> subprocess.Popen[bytes]:
+    def _require_proc(self) -> ServerProcess:
         if self._proc is None:
             raise RuntimeError("server not started")
         return self._proc
 
-    def _terminate(self, proc: subprocess.Popen[bytes], pgid: int) -> None:
+    def _terminate(self, proc: ServerProcess, pgid: int) -> None:
         """SIGTERM and SIGCONT to the group, SIGKILL after grace_s (groups.end_group, as the watchdog and `leftovers
         --stop` end a group), then reap the leader."""
         self._reap(proc, end_group(pgid, self.grace_s))
 
-    def _kill_group(self, proc: subprocess.Popen[bytes], pgid: int) -> None:
+    def _kill_group(self, proc: ServerProcess, pgid: int) -> None:
         """SIGKILL at once (interrupted during the polite stop), then reap the leader."""
         self._reap(proc, end_group(pgid, 0.0))
 
     @staticmethod
-    def _reap(proc: subprocess.Popen[bytes], survivors: list[int]) -> None:
+    def _reap(proc: ServerProcess, survivors: list[int]) -> None:
         """Collect the leader's exit status (a zombie by now, unless it survived SIGKILL)."""
         if survivors:
             log.warning("processes %s of group %d survived SIGKILL", survivors, proc.pid)
-        proc.poll()
+            proc.poll()
+            return
+        try:
+            proc.wait(timeout=REAP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("no exit code for server pid %d within %g s of its stop", proc.pid, REAP_TIMEOUT_S)
 
 
 class ServerGroup:

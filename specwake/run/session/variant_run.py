@@ -19,7 +19,7 @@ from specwake.events import Event, Events
 from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
 from specwake.judge.log_warnings import find_warnings, first_load_seconds
 from specwake.judge.verdict import speed_rule
-from specwake.prepare.plan import GROUP_PORTS, PORT_UNSET, VariantPlan
+from specwake.prepare.plan import GROUP_PORTS, PORT_UNSET, VariantPlan, warm_startable
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant, check_imports, plan_servers, uses_ray
 from specwake.protocol import KIND_BY_VIA, PushRequest, TransferChunk
@@ -157,6 +157,7 @@ class VariantRun:
                 cpus=plan.cores,
                 registry=self.registry,
                 http=not plan.launch,
+                warm=warm_startable(plan),
             )
             for i, plan in enumerate(self.plans)
         ]

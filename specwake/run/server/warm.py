@@ -1,0 +1,284 @@
+"""Warm starts of CPU servers: specwake's end of the warm launchers (specwake.worker.warm). A launcher imports a
+server's code once and forks each server from there, so a CPU server skips the imports that are most of its start.
+
+One launcher serves the servers of one interpreter, module and environment (``PYTHONPATH`` included: a patched
+variant's overlay is a launcher of its own), the binding of threads to cores aside, which vLLM's worker reads when it
+starts. It is started when the first such server starts (that server waits for the imports, as a cold start does) and
+kept for the next ones, up to LAUNCHERS at a time: the least recently used idle one goes first. A launcher that cannot
+start, or refuses to fork, is noted and its servers start cold; ``SPECWAKE_WARM_START=0`` in specwake's environment
+starts every server cold.
+
+A server forked by a launcher is a child of the launcher, not of specwake: `WarmProcess` gives specwake what it asks of
+a ``subprocess.Popen`` (pid, poll, wait), from the exit codes the launcher reports. The server's session, process
+group, watchdog and record are a cold server's (server.py). A launcher exits at end of its input: when specwake closes
+it, or dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from specwake.run.server.groups import start_ticks
+
+log = logging.getLogger(__name__)
+
+LAUNCHER_MODULE = "specwake.worker.warm"
+SWITCH = "SPECWAKE_WARM_START"
+PER_SERVER = frozenset({"VLLM_CPU_OMP_THREADS_BIND"})  # read by vLLM's CPU worker when it starts, not at import
+LAUNCHERS = 6  # live at once, at most (each holds about 0.6 GB: torch and vLLM imported)
+READY_TIMEOUT_S = 300.0  # for a launcher's imports, as long as a server's start may take
+ANSWER_TIMEOUT_S = 30.0  # for a fork
+CLOSE_TIMEOUT_S = 5.0
+LOST = 255  # the exit code of a server whose launcher died before it: nobody is left to report the real one
+Key = tuple[str, str, tuple[tuple[str, str], ...]]
+
+
+class LauncherFailed(Exception):
+    """A launcher that cannot start or fork: its servers start cold."""
+
+
+def launcher_key(argv: list[str], env: Mapping[str, str]) -> Key:
+    """What a launcher has in common with the servers it forks: interpreter, module (``python -m MODULE``) and the
+    environment of its imports."""
+    return argv[0], argv[2], tuple(sorted((k, v) for k, v in env.items() if k not in PER_SERVER))
+
+
+class WarmProcess:
+    """A server forked by a launcher, as server.Server uses a Popen."""
+
+    def __init__(self, launcher: Launcher, pid: int) -> None:
+        self.launcher = launcher
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        return self.launcher.exit_code(self.pid)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code, once the launcher has reported it; subprocess.TimeoutExpired after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"server pid {self.pid}", timeout or 0.0)
+            self.launcher.wait_for_news(0.05)
+        return code
+
+
+class Launcher:
+    """One warm launcher process: started by `start`, forks a server per `fork`, closed by `close`."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        self.python, self.module = argv[0], argv[2]
+        self.env = dict(env)
+        self.log_path = log_path
+        self.import_s: float | None = None
+        self.failure: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._news = threading.Condition()
+        self._answers: list[dict[str, Any]] = []
+        self._codes: dict[int, int] = {}
+        self._forked: set[int] = set()
+        self._gone = False
+        self._start_lock = threading.Lock()
+        self._fork_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        """Start the launcher, once, and wait for its imports; LauncherFailed (then and at every later call) when it
+        cannot."""
+        with self._start_lock:
+            if self.failure is not None:
+                raise LauncherFailed(self.failure)
+            if self._proc is not None:
+                return
+            try:
+                self._start()
+            except LauncherFailed as exc:
+                self.failure = str(exc)
+                self.close()
+                raise
+
+    def _start(self) -> None:
+        read_fd, write_fd = os.pipe()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(self.log_path, "ab") as out:
+                self._proc = subprocess.Popen(
+                    [self.python, "-m", LAUNCHER_MODULE, self.module, str(write_fd)],
+                    env=self.env,
+                    stdin=subprocess.PIPE,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(write_fd,),
+                    start_new_session=True,  # a Ctrl-C reaches specwake, which closes it
+                )
+        except OSError as exc:
+            os.close(read_fd)
+            raise LauncherFailed(f"cannot launch {self.python!r}: {exc}") from exc
+        finally:
+            os.close(write_fd)
+        threading.Thread(target=self._read, args=(os.fdopen(read_fd, "rb"),), daemon=True).start()
+        ready = self._next_answer(READY_TIMEOUT_S)
+        if not ready.get("ready"):
+            raise LauncherFailed(ready.get("why", "no answer"))
+        self.import_s = ready.get("import_s")
+        log.info("warm launcher pid %d ready after %.1f s of imports, log %s", self.pid, self.import_s, self.log_path)
+
+    def fork(self, args: list[str], env: Mapping[str, str], log_path: Path, cpus: tuple[int, ...]) -> WarmProcess:
+        """A server forked from the launcher: ``python -m MODULE *args`` with `env`, output appended to `log_path`,
+        held to `cpus`."""
+        request = {"args": args, "env": dict(env), "log": str(log_path), "cpus": list(cpus)}
+        with self._fork_lock:
+            started = self._ask(request)
+        if "started" not in started:
+            raise LauncherFailed(started.get("failed") or started.get("why", "no answer"))
+        pid = int(started["started"])
+        with self._news:
+            self._forked.add(pid)
+        return WarmProcess(self, pid)
+
+    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and take its answer; a launcher that no longer listens is marked failed (its next
+        servers start cold)."""
+        proc = self._proc
+        if self.failure is not None or proc is None or proc.stdin is None:
+            return {"why": self.failure or "the launcher is not running"}
+        try:
+            proc.stdin.write((json.dumps(request) + "\n").encode())
+            proc.stdin.flush()
+        except OSError as exc:
+            self.failure = f"the launcher does not listen: {exc}"
+            return {"why": self.failure}
+        answer = self._next_answer(ANSWER_TIMEOUT_S)
+        if "started" not in answer and "failed" not in answer:
+            self.failure = answer.get("why", "no answer")
+        return answer
+
+    def exit_code(self, pid: int) -> int | None:
+        """A forked server's exit code; None while it runs."""
+        with self._news:
+            if pid in self._codes:
+                return self._codes[pid]
+            gone = self._gone
+        if gone and start_ticks(pid) is None:
+            return LOST
+        return None
+
+    def wait_for_news(self, timeout: float) -> None:
+        with self._news:
+            self._news.wait(timeout)
+
+    def idle(self) -> bool:
+        """Whether every server it forked has ended."""
+        with self._news:
+            return self._forked <= self._codes.keys()
+
+    def close(self) -> None:
+        """End of input: the launcher exits (the servers it forked are stopped by specwake, or by their watchdogs)."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.stdin is not None and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _read(self, replies: IO[bytes]) -> None:
+        """The reader thread: every answer and exit code the launcher writes, until it exits."""
+        with replies:
+            for line in replies:
+                message = json.loads(line)
+                with self._news:
+                    if "exited" in message:
+                        self._codes[int(message["exited"])] = int(message["code"])
+                    else:
+                        self._answers.append(message)
+                    self._news.notify_all()
+        with self._news:
+            self._gone = True
+            self._news.notify_all()
+
+    def _next_answer(self, timeout: float) -> dict[str, Any]:
+        with self._news:
+            if not self._news.wait_for(lambda: self._answers or self._gone, timeout):
+                return {"why": f"no answer within {timeout:g} s"}
+            if self._answers:
+                return self._answers.pop(0)
+        code = self._proc.poll() if self._proc is not None else None
+        return {"why": f"the launcher exited (code {code}); its log: {self.log_path}"}
+
+
+class WarmStarts:
+    """The launchers of one specwake process, by key (`launcher_key`)."""
+
+    def __init__(self, limit: int = LAUNCHERS) -> None:
+        self.limit = limit
+        self._launchers: OrderedDict[Key, Launcher] = OrderedDict()
+        self._lock = threading.Lock()
+        self._made = 0
+
+    def launcher(self, argv: list[str], env: Mapping[str, str], log_dir: Path) -> Launcher | None:
+        """The started launcher for a server of `argv` and `env` (started now if it is the first); None where its
+        servers start cold."""
+        if os.environ.get(SWITCH) == "0":
+            return None
+        key = launcher_key(argv, env)
+        with self._lock:
+            launcher = self._launchers.get(key)
+            if launcher is None:
+                self._made += 1
+                launcher = Launcher(argv, env, log_dir / f"warm-launcher-{os.getpid()}-{self._made}.log")
+                self._launchers[key] = launcher
+                retired = self._retire()
+            else:
+                retired = []
+            self._launchers.move_to_end(key)
+        for old in retired:
+            old.close()
+        if launcher.failure is not None:  # said when it failed
+            return None
+        try:
+            launcher.start()
+        except LauncherFailed as exc:
+            log.warning("servers of %s start cold: their warm launcher failed: %s", argv[2], exc)
+            return None
+        return launcher
+
+    def _retire(self) -> list[Launcher]:
+        """Idle launchers beyond the limit, least recently used first, taken out of the pool (called locked)."""
+        retired: list[Launcher] = []
+        for key in list(self._launchers)[:-1]:
+            if len(self._launchers) <= self.limit:
+                break
+            if self._launchers[key].idle():
+                retired.append(self._launchers.pop(key))
+        return retired
+
+    def close(self) -> None:
+        """Every launcher closed (at specwake's exit)."""
+        with self._lock:
+            launchers, self._launchers = list(self._launchers.values()), OrderedDict()
+        for launcher in launchers:
+            launcher.close()
+
+
+WARM_STARTS = WarmStarts()
+atexit.register(WARM_STARTS.close)

@@ -1,0 +1,155 @@
+"""Warm starts (specwake.run.server.warm and specwake.worker.warm) with real processes and no vLLM: servers of
+tests/helpers/fake_server.py forked from a launcher that imported their code ahead (tests.helpers.warm_server), each
+in its own session, environment, cores and log, stopped and reaped as a cold server is; and every way a launcher
+cannot serve ends in a cold start, never in a lost server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specwake.run.server.groups import start_ticks
+from specwake.run.server.server import Server, ServerSpec, free_port
+from specwake.run.server.warm import LOST, SWITCH, WarmStarts
+from tests.helpers.paths import REPO
+from tests.helpers.procs import running
+
+pytestmark = pytest.mark.usefixtures("leak_check")
+PYTHONPATH = f"{REPO}:{REPO / 'tests' / 'helpers'}"  # fake_server.py imports its sibling vllm_model
+
+
+@pytest.fixture
+def pool() -> Iterator[WarmStarts]:
+    starts = WarmStarts()
+    yield starts
+    starts.close()
+
+
+def warm_spec(tmp_path: Path, name: str, cpus: tuple[int, ...] = (), **env: str) -> ServerSpec:
+    port = free_port()
+    return ServerSpec(
+        argv=[sys.executable, "-m", "tests.helpers.warm_server", "--port", str(port), "--model", name],
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": PYTHONPATH, "PYTHONUNBUFFERED": "1", **env},
+        port=port,
+        log_path=tmp_path / "logs" / f"{name}.log",
+        startup_timeout_s=60.0,
+        cpus=cpus,
+        warm=True,
+    )
+
+
+def server(spec: ServerSpec, pool: WarmStarts) -> Server:
+    return Server(spec, poll_interval_s=0.05, grace_s=5.0, warm_starts=pool)
+
+
+def facts(spec: ServerSpec) -> dict[str, object]:
+    """The `warm-app` line the server printed about its own process."""
+    for line in spec.log_path.read_text().splitlines():
+        if line.startswith("warm-app "):
+            return dict(json.loads(line.removeprefix("warm-app ")))
+    raise AssertionError(f"no warm-app line in {spec.log_path}")
+
+
+def launcher_pids(pool: WarmStarts) -> set[int]:
+    return {launcher.pid for launcher in pool._launchers.values() if launcher.pid is not None}
+
+
+def test_servers_of_one_environment_are_forked_from_one_launcher_that_imported_their_code(
+    tmp_path: Path, pool: WarmStarts
+) -> None:
+    # VLLM_CPU_OMP_THREADS_BIND is read when vLLM's worker starts: servers that differ only there share a launcher
+    first = warm_spec(tmp_path, "first", WARM_TEST_VALUE="same", VLLM_CPU_OMP_THREADS_BIND="0")
+    second = warm_spec(tmp_path, "second", WARM_TEST_VALUE="same", VLLM_CPU_OMP_THREADS_BIND="1")
+    with running(server(first, pool)) as one, running(server(second, pool)) as two:
+        for each in (one, two):
+            assert httpx.get(f"{each.base_url}/v1/models").json()["data"][0]["id"] == each.spec.log_path.stem
+        (launcher,) = launcher_pids(pool)
+        seen = [facts(first), facts(second)]
+        assert [fact["pid"] for fact in seen] == [one.pid, two.pid]
+        assert {fact["imported_by"] for fact in seen} == {launcher}  # imported once, ahead, in the launcher
+        assert [fact["sid"] for fact in seen] == [one.pid, two.pid]  # each a session (and group) of its own
+        assert [fact["argv"][-1] for fact in seen] == ["first", "second"]
+        assert f"forked from launcher pid {launcher}" in first.log_path.read_text()
+        assert f"PPid:\t{launcher}\n" in Path(f"/proc/{one.pid}/status").read_text()
+    assert (one.returncode(), two.returncode()) == (-signal.SIGTERM, -signal.SIGTERM)
+
+
+def test_each_server_runs_with_its_own_environment_cores_and_torch_threads(tmp_path: Path, pool: WarmStarts) -> None:
+    """The launcher imported torch with every core of the machine; a server held to one core runs torch on one
+    thread, as a cold start's OpenMP would."""
+    spec = warm_spec(tmp_path, "pinned", cpus=(0,), WARM_TEST_TORCH="1", VLLM_CPU_OMP_THREADS_BIND="0")
+    with running(server(spec, pool)):
+        fact = facts(spec)
+    assert fact["imported_by"] != fact["pid"]
+    assert (fact["cpus"], fact["torch_threads"]) == ([0], 1)
+
+
+def test_servers_of_another_environment_get_a_launcher_of_their_own(tmp_path: Path, pool: WarmStarts) -> None:
+    first, second = warm_spec(tmp_path, "a", WARM_TEST_VALUE="a"), warm_spec(tmp_path, "b", WARM_TEST_VALUE="b")
+    with running(server(first, pool)), running(server(second, pool)):
+        assert len(launcher_pids(pool)) == 2
+        assert [facts(first)["value"], facts(second)["value"]] == ["a", "b"]
+        assert facts(first)["imported_by"] != facts(second)["imported_by"]
+
+
+def test_a_launcher_whose_imports_start_a_thread_forks_nothing_and_its_servers_start_cold(
+    tmp_path: Path, pool: WarmStarts
+) -> None:
+    spec = warm_spec(tmp_path, "threaded", WARM_TEST_THREAD="1")
+    with running(server(spec, pool)) as cold:
+        fact = facts(spec)
+        assert fact["imported_by"] == fact["pid"] == cold.pid  # its own imports: a cold start
+    assert "warm start" not in spec.log_path.read_text()
+    (log,) = (tmp_path / "logs").glob("warm-launcher-*.log")
+    assert log.exists()
+
+
+def test_warm_starts_switched_off_start_every_server_cold(
+    tmp_path: Path, pool: WarmStarts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SWITCH, "0")
+    spec = warm_spec(tmp_path, "cold")
+    with running(server(spec, pool)) as cold:
+        assert facts(spec)["imported_by"] == cold.pid
+    assert not launcher_pids(pool)
+
+
+def test_a_server_whose_launcher_died_still_stops_and_the_next_starts_cold(tmp_path: Path, pool: WarmStarts) -> None:
+    orphan = warm_spec(tmp_path, "orphan")
+    with running(server(orphan, pool)) as first:
+        (launcher,) = launcher_pids(pool)
+        os.kill(launcher, signal.SIGKILL)
+        assert httpx.get(f"{first.base_url}/health").status_code == 200  # the server lives on, in its own session
+        later = warm_spec(tmp_path, "later")
+        with running(server(later, pool)) as second:
+            assert facts(later)["imported_by"] == second.pid
+    assert first.returncode() == LOST  # its launcher is not there to report its code
+    assert start_ticks(first.pid or 0) is None
+
+
+def test_a_launcher_exits_when_the_specwake_that_started_it_dies(tmp_path: Path) -> None:
+    program = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from specwake.run.server.warm import WarmStarts\n"
+        "argv = [sys.executable, '-m', 'tests.helpers.warm_server']\n"
+        f"env = {{'PATH': os.environ['PATH'], 'PYTHONPATH': {PYTHONPATH!r}}}\n"
+        f"launcher = WarmStarts().launcher(argv, env, Path({str(tmp_path)!r}))\n"
+        "print(launcher.pid, flush=True)\n"
+        "os._exit(0)\n"  # no atexit, no close: as a killed specwake leaves it
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, cwd=REPO)
+    launcher = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while start_ticks(launcher) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert start_ticks(launcher) is None
