@@ -62,15 +62,18 @@ def _step_table(variant: VariantResult) -> list[str]:
     return lines + [""]
 
 
-def time_text(timings: dict[str, Any]) -> str:
-    """`startup 30.2 s · measurement 7.5 s · diagnostics 0.6 s (0.2 s of it fingerprints after stages)`: where a
-    variant's time went, the seconds of the fingerprints after its stages inside its diagnostics'."""
+def time_text(timings: dict[str, Any], start: str | None = None) -> str:
+    """`startup 30.2 s (warm start) · measurement 7.5 s · diagnostics 0.6 s (0.2 s of it fingerprints after stages)`:
+    where a variant's time went, how its servers started (`start`: warm, cold; specwake.run.server.warm), the
+    seconds of the fingerprints after its stages inside its diagnostics'."""
     after_stages = timings.get(STAGE_FINGERPRINTS)
     parts = []
     for key, seconds in timings.items():
         if key == STAGE_FINGERPRINTS or not isinstance(seconds, int | float):
             continue
         part = f"{key.replace('_', ' ')} {seconds:.1f} s"
+        if key == "startup" and start is not None:
+            part += f" ({start} start)"
         if key == "diagnostics" and isinstance(after_stages, int | float):
             part += f" ({after_stages:.1f} s of it fingerprints after stages)"
         parts.append(part)
@@ -78,10 +81,11 @@ def time_text(timings: dict[str, Any]) -> str:
 
 
 def _diagnostic_lines(variant: VariantResult) -> list[str]:
-    timings = variant.info.get("timings") if isinstance(variant.info, dict) else None
+    info = variant.info if isinstance(variant.info, dict) else {}
+    timings, start = info.get("timings"), info.get("start")
     lines = []
     if isinstance(timings, dict) and timings:
-        lines.append("- time: " + time_text(timings))
+        lines.append("- time: " + time_text(timings, start if isinstance(start, str) else None))
     discarded = discard_line(variant.steps)
     if discarded is not None:
         lines.append(f"- {discarded}")

@@ -109,6 +109,7 @@ class Server:
         self._lifeline: Lifeline | None = None
         self._record: Path | None = None
         self._stopped = False
+        self.warm = False  # forked from a warm launcher (warm.py), not started cold
 
     @property
     def pid(self) -> int | None:
@@ -170,7 +171,9 @@ class Server:
         )
         self._log_file.flush()
         try:
-            return launcher.fork(spec.argv[3:], spec.env, spec.log_path, spec.cpus)
+            proc = launcher.fork(spec.argv[3:], spec.env, spec.log_path, spec.cpus)
+            self.warm = True
+            return proc
         except LauncherFailed as exc:
             log.warning("server on %s starts cold: its warm launcher failed: %s", self.base_url, exc)
             return None
@@ -357,6 +360,13 @@ class ServerGroup:
             self.stop()
             raise
         return time.monotonic() - started
+
+    def start_kind(self) -> str:
+        """How its servers started: "warm" (each forked from a warm launcher), "cold", or "N of M warm"."""
+        warm = sum(server.warm for server in self.servers)
+        if warm in (0, len(self.servers)):
+            return "warm" if warm else "cold"
+        return f"{warm} of {len(self.servers)} warm"
 
     @property
     def http(self) -> list[Server]:

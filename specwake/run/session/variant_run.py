@@ -213,7 +213,8 @@ class VariantRun:
             self._fail(STARTUP_FAILED, str(exc), exc.log_tail)
             return
         self._timed("startup", self.clock() - t0)
-        self.say(f"server ready after {self.clock() - t0:.1f} s")
+        self.record.info["start"] = self.server.start_kind()
+        self.say(f"server ready after {self.clock() - t0:.1f} s ({self.record.info['start']} start)")
         https = [httpx.Client(base_url=server.base_url, trust_env=False) for server in self.server.http]
         if len(https) == 1:
             self.client, self.completer = VllmClient(https[0]), Completer(https[0])
