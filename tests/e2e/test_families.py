@@ -22,6 +22,7 @@ import pytest
 
 from specwake.protocol import release_rules
 from specwake.report.markdown import for_terminal
+from specwake.run.server.groups import start_ticks
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module
 from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
@@ -141,6 +142,20 @@ def test_every_family_ran_on_model_runner_v2(run: dict[str, Any]) -> None:
         for v in result["variants"]:
             assert v["model_runner"] == "v2", (result["scenario"]["name"], v["name"])
             assert "Using V2 Model Runner" in Path(v["log_path"]).read_text()
+
+
+def test_the_servers_were_forked_warm_from_launchers_that_imported_vllm_once_and_are_gone(run: dict[str, Any]) -> None:
+    """Every server of the matrix was forked from a warm launcher (specwake.run.server.warm): one per vLLM (stock,
+    each overlay) and environment, so fewer launchers than servers; the ALs and outputs asserted here are theirs. No
+    launcher outlives the run."""
+    variants = [v for result in run["results"].values() for v in result["variants"]]
+    assert {v["info"]["start"] for v in variants} == {"warm"}
+    forked = [
+        re.search(r"# warm start: forked from launcher pid (\d+)", Path(v["log_path"]).read_text()) for v in variants
+    ]
+    launchers = {int(match.group(1)) for match in forked if match is not None}
+    assert all(forked) and 1 < len(launchers) < len(variants)
+    assert [pid for pid in launchers if start_ticks(pid) is not None] == []
 
 
 @pytest.mark.parametrize("scenario", sorted(FAMILIES))
