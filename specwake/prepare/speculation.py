@@ -43,7 +43,8 @@ REFUSED_METHODS = {
 
 def _key(scenario: Scenario, variant: Variant, found: dict[str, Any], name: str) -> str:
     """The scenario key that gave field `name` its value: the [speculative] table's, server.args, or the variant's
-    args (a `--speculative-config`, `-sc` or `--speculative-config.KEY` there replaces the table, as in the server)."""
+    args. The scenario refuses `--speculative-config`, `-sc` and their dotted forms there (server_args.py); a spelling
+    vLLM's parser still takes for them, such as an abbreviation, replaces the table as in the server."""
     source = (found.get("set_by") or {}).get(name, "speculative")
     if source == "variant_args":
         return f"variants.{variant.name}.args"
