@@ -49,21 +49,21 @@ NOT_APPLICABLE = Ratio(None, None, None, "not applicable")
 
 @dataclass(frozen=True)
 class Row:
-    """One joined stage (or a variant's outcome change) of OLD and NEW."""
+    """One joined stage (or a variant's outcome, speed or wake row) of OLD and NEW; a row states only what it sets."""
 
     scenario: str
     variant: str
     stage: str
-    old_al: float | None
-    new_al: float | None
-    al_delta: float | None
-    old_toks: float | None  # tok/s median
-    new_toks: float | None
-    toks_ratio: Ratio  # median(new tok/s) / median(old tok/s); a speed row: tonight against the earlier runs
-    call: str  # a speed row: drop | gain | same | inconclusive (+ " (advisory)"); a wake row: rise | fall | same |
-    # inconclusive; an outcome row: "changed"; else ""
-    regression: bool
-    reason: str  # why it is a regression ("" otherwise)
+    old_al: float | None = None
+    new_al: float | None = None
+    al_delta: float | None = None
+    old_toks: float | None = None  # tok/s median
+    new_toks: float | None = None
+    toks_ratio: Ratio = NOT_APPLICABLE  # median(new tok/s) / median(old tok/s); a speed row: tonight / earlier runs
+    call: str = ""  # a speed row: drop | gain | same | inconclusive (+ " (advisory)"); a wake row: rise | fall | same
+    # | inconclusive; an outcome row: "changed"; else ""
+    regression: bool = False
+    reason: str = ""  # why it is a regression ("" otherwise)
     # seconds of the wake and reload: of the stage's cycle (a stage row), the median per cycle (a wake row)
     old_wake: float | None = None
     new_wake: float | None = None
@@ -185,7 +185,6 @@ def _stage_row(scenario: str, variant: str, old: StageResult, new: StageResult, 
         old_toks=old.tok_s_median,
         new_toks=new.tok_s_median,
         toks_ratio=ratio(new.tok_s, old.tok_s),
-        call="",
         regression=bool(problem),
         reason=problem,
     )
@@ -205,12 +204,6 @@ def _wake_row(scenario: str, name: str, earlier: Sequence[VariantResult], new: V
         scenario=scenario,
         variant=name,
         stage=WAKE_STAGE,
-        old_al=None,
-        new_al=None,
-        al_delta=None,
-        old_toks=None,
-        new_toks=None,
-        toks_ratio=NOT_APPLICABLE,
         call=found.word,
         regression=rise,
         reason=found.reason if rise else "",
@@ -233,11 +226,6 @@ def _speed_row(
         scenario=scenario,
         variant=name,
         stage=SPEED_STAGE,
-        old_al=None,
-        new_al=None,
-        al_delta=None,
-        old_toks=None,
-        new_toks=None,
         toks_ratio=Ratio(found.ratio, found.low, found.high, "tonight / earlier runs; interval: a same-code run"),
         call=found.word + (" (advisory)" if advisory else ""),
         regression=found.word == "drop" and binds,
@@ -268,12 +256,6 @@ def _outcome_row(scenario: str, old: VariantResult, new: VariantResult) -> Row |
         scenario=scenario,
         variant=new.name,
         stage=OUTCOME_STAGE,
-        old_al=None,
-        new_al=None,
-        al_delta=None,
-        old_toks=None,
-        new_toks=None,
-        toks_ratio=NOT_APPLICABLE,
         call="changed",
         regression=regression,
         reason=change if regression else "",

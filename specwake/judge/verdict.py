@@ -5,6 +5,7 @@ exit code; findings beyond the outcome. The words that explain a decision are sp
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -114,11 +115,18 @@ def _check_tolerance(tolerance: float) -> None:
 
 
 def speed_after_cycles(stages: Sequence[StageResult], min_ratio: float) -> SpeedCall | None:
-    """The pooled after-cycle speed call of a variant's stages (None without a fresh or post-cycle stage)."""
+    """The pooled after-cycle speed call of a variant's stages (None without a fresh or post-cycle stage). Made once
+    per variant's speeds and ratio: the judge (for each data-parallel engine, whose views share the variant's tok/s),
+    the explanation and the PR table ask for the same call (the gross loss among them) and share it."""
     fresh, post = fresh_stage(stages), post_stages(stages)
     if fresh is None or not post:
         return None
-    return speed_call(fresh.tok_s, [s.tok_s for s in post], min_ratio)
+    return _pooled_call(tuple(fresh.tok_s), tuple(tuple(s.tok_s) for s in post), min_ratio)
+
+
+@functools.lru_cache(maxsize=256)
+def _pooled_call(fresh: tuple[float, ...], post: tuple[tuple[float, ...], ...], min_ratio: float) -> SpeedCall:
+    return speed_call(fresh, post, min_ratio)
 
 
 # -- the outcome rules -------------------------------------------------------------------------------------------------

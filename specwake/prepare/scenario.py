@@ -18,11 +18,11 @@ from pydantic import ValidationError
 
 from specwake.errors import ScenarioError
 from specwake.files import what_it_is
-from specwake.judge.expectations import DEFAULT_TOLERANCE, PATCH_DEFAULT, Limits, expectation_text
+from specwake.judge.expectations import Limits
+from specwake.prepare import expected as expect
 from specwake.prepare.prompts import BUILTIN_PROMPTS
 from specwake.prepare.releases import ByRelease
 from specwake.prepare.scenario_file import (
-    LIMIT_KEYS,
     SAFE_NAME,
     CycleSection,
     ScenarioFile,
@@ -320,7 +320,6 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
         for variant_name, section in _chosen_variants(shown, doc, overrides).items()
         for variant in _resolve_variant(shown, file, doc, variant_name, section, overrides, added)
     ]
-    min_speedup = doc.expect.get("min_speedup_recovery")
     return Scenario(
         name=name,
         file=file.resolve(),
@@ -328,12 +327,9 @@ def load_scenario(path: Path | str, overrides: Overrides = Overrides()) -> Scena
         doc=doc,
         prompts=_load_prompts(file, doc.workload.prompts),
         variants=tuple(variants),
-        tolerance=float(doc.expect.get("tolerance", DEFAULT_TOLERANCE)),
-        min_speedup_recovery=None if min_speedup is None else float(min_speedup),
-        limits=Limits(
-            **{k: float(v) for k, v in doc.expect.items() if k in LIMIT_KEYS},
-            graph_safe=bool(doc.expect.get("graph_safe", True)),
-        ),
+        tolerance=expect.tolerance(doc),
+        min_speedup_recovery=expect.min_speedup_recovery(doc),
+        limits=expect.limits(doc),
         cpu_scenario=_cpu_scenario(shown, file, doc.cpu_scenario),
     )
 
@@ -406,11 +402,9 @@ def _resolve_variant(
     resolved = []
     for level in levels:
         full = name if len(levels) == 1 else f"{name}-L{level}"
-        expected, expected_from = _expectation(doc, name, full, overrides.expect, added)
-        if not section.speculative and expected.values() != ["any"]:
-            raise ScenarioError(
-                shown, f"expect.{name}", f"{name!r} runs without speculation (the floor): measured, not judged"
-            )
+        expected, expected_from = expect.expectation(
+            shown, doc, name, full, section.speculative, overrides.expect, added
+        )
         resolved.append(
             Variant(
                 full,
@@ -434,20 +428,6 @@ def _resolve_variant(
             )  # fmt: skip
         )
     return resolved
-
-
-def _expectation(
-    doc: ScenarioFile, name: str, full: str, flag: str | None, added: bool
-) -> tuple[ByRelease[str], str | None]:
-    """What variant `full` (the file's `name`, at one sleep level) expects, and where that comes from when the file
-    does not say it: --expect for the `patched` variant, over the file's; else the file's [expect]; else, for the
-    `patched` variant --patch added, `recover` (a fix is tested to recover); else `any`."""
-    if name == "patched" and flag is not None:
-        return ByRelease.plain(flag), "--expect"
-    written = doc.expect.get(full, doc.expect.get(name))
-    if written is None and name == "patched" and added:
-        return ByRelease.plain(PATCH_DEFAULT), "--patch default"
-    return ByRelease.parse(written if written is not None else "any").map(expectation_text), None
 
 
 def _runner_from(variant: str, own: str | None, server: str | None, flag: str | None) -> str:

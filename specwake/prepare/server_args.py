@@ -12,6 +12,7 @@ RESERVED_FLAGS = {
     "--port": "specwake picks a free port per server",
     "--worker-extension-cls": "specwake's worker extension is required for info and discard",
     "--speculative-config": "use the [speculative] table",
+    "-sc": "use the [speculative] table",  # vLLM's alias of --speculative-config
     "--model": "use server.model",
     "--tensor-parallel-size": "use server.tensor_parallel_size or --tp",
     "-tp": "use server.tensor_parallel_size or --tp",
@@ -52,11 +53,33 @@ def args_is_list(value: Any) -> Any:
     return value
 
 
+SPECULATIVE_FLAGS = ("--speculative-config", "-sc")
+
+
+def as_vllm_reads(flag: str) -> str:
+    """A flag's name as vLLM's parser reads it (FlexibleArgumentParser.parse_args): a long flag's underscores up to
+    its first '.' become dashes (`--speculative_config.k` is `--speculative-config.k`)."""
+    if not flag.startswith("--"):
+        return flag
+    name, dot, rest = flag.partition(".")
+    return name.replace("_", "-") + dot + rest
+
+
 def no_reserved_flags(value: list[str]) -> list[str]:
+    """No flag specwake sets itself, in any spelling vLLM's parser reads as it. A dotted `--speculative-config.KEY`
+    (or `-sc.KEY`) is refused too: vLLM's parser gathers dotted keys into a `--speculative-config` of their own, given
+    after specwake's, which replaces the [speculative] table whole (model and method included)."""
     for arg in value:
-        flag = arg.split("=", 1)[0]
+        written = arg.split("=", 1)[0]
+        flag = as_vllm_reads(written)
+        base, dot, key = flag.partition(".")
+        if dot and base in SPECULATIVE_FLAGS:
+            raise ValueError(
+                f"{written!r} would replace specwake's whole --speculative-config (vLLM's parser makes its dotted"
+                f" keys a speculative config of their own); set {key} under [speculative] instead"
+            )
         if flag in RESERVED_FLAGS:
-            raise ValueError(f"{flag!r} is set by specwake ({RESERVED_FLAGS[flag]})")
+            raise ValueError(f"{written!r} is set by specwake ({RESERVED_FLAGS[flag]})")
     return value
 
 

@@ -8,8 +8,10 @@ under which AL judges no drafter is exit 2 naming the key that set it; `check` s
   means nothing: refused, not run with that check void.
 - K at the workload's concurrency: a stage sends its requests one at a time (specwake.run.measure.measure), so every
   decode step of a measured stage has that many requests; `num_speculative_tokens_per_batch_size` gives K per batch
-  size, and K = 0 there drafts nothing. Adaptive verification (`enable_adaptive_verification`) verifies at most that K
-  per request, a budget vLLM sizes each step: said beside the K.
+  size, and K = 0 there drafts nothing. With data parallelism (data_parallel_size > 1) vLLM's engine config drops the
+  schedule and drafts num_speculative_tokens at every batch size (its ranks could pick different K): that K is the one
+  judged and said. Adaptive verification (`enable_adaptive_verification`) verifies at most that K per request, a
+  budget vLLM sizes each step: said beside the K.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ REFUSED_METHODS = {
 
 def _key(scenario: Scenario, variant: Variant, found: dict[str, Any], name: str) -> str:
     """The scenario key that gave field `name` its value: the [speculative] table's, server.args, or the variant's
-    args (a `--speculative-config`, `-sc` or `--speculative-config.KEY` there replaces the table, as in the server)."""
+    args. The scenario refuses `--speculative-config`, `-sc` and their dotted forms there (server_args.py); a spelling
+    vLLM's parser still takes for them, such as an abbreviation, replaces the table as in the server."""
     source = (found.get("set_by") or {}).get(name, "speculative")
     if source == "variant_args":
         return f"variants.{variant.name}.args"
@@ -82,7 +85,9 @@ def speculation_line(found: dict[str, Any] | None) -> str | None:
     k, configured = found.get("k_in_force"), fields.get(K_FIELD)
     said = f"K {k}" if k is not None else "K from the drafter's config (n_predict)"
     said += f" {_at(int(found.get('batch_size') or REQUESTS_AT_ONCE))}"
-    if fields.get(SCHEDULE_FIELD) is not None:
+    if found.get("schedule_dropped"):
+        said += f" ({K_FIELD}: vLLM drops {SCHEDULE_FIELD} under {found['schedule_dropped']})"
+    elif fields.get(SCHEDULE_FIELD) is not None:
         said += f" (by {SCHEDULE_FIELD}; {K_FIELD} {configured if configured is not None else 'from the drafter'})"
     if fields.get(ADAPTIVE_FIELD):
         said += "; adaptive verification: vLLM verifies at most that many drafts per request, a budget sized per step"

@@ -191,6 +191,9 @@ def semantic_problem(model: str, spec: dict[str, Any], serve_args: list[str]) ->
 
 
 GUARDED = (METHOD_FIELD, ADAPTIVE_FIELD, K_FIELD, SCHEDULE_FIELD)  # what decides what AL measures
+# VllmConfig's step that drops a batch-size schedule where data_parallel_size > 1 (data-parallel ranks could pick
+# different K and deadlock), falling back to num_speculative_tokens for every batch size (vllm/config/vllm.py, 0.32+).
+SCHEDULE_DROP = "_maybe_disable_dynamic_sd_for_data_parallel"
 
 
 def _as_served(model: str, spec: dict[str, Any], args: list[str]) -> dict[str, Any]:
@@ -202,13 +205,20 @@ def _as_served(model: str, spec: dict[str, Any], args: list[str]) -> dict[str, A
 
 
 def speculation_in_force(
-    model: str, spec: dict[str, Any], args: list[str], variant_args: list[str], batch_size: int
+    model: str,
+    spec: dict[str, Any],
+    args: list[str],
+    variant_args: list[str],
+    batch_size: int,
+    data_parallel_size: int = 1,
 ) -> dict[str, Any]:
     """What decides the variant's AL, as its server will have it: the rejection sampling method, adaptive
     verification, and K at `batch_size` requests at once, each field as served (`_as_served`) or else its default in
     this release's SpeculativeConfig (None: the release has no such field), and K at that batch size from vLLM's own
     lookup of the schedule (vllm/v1/spec_decode/dynamic/utils.py, as its scheduler builds it). `set_by` says, per
-    field, which of "speculative", "args" (server.args) or "variant_args" gave its value."""
+    field, which of "speculative", "args" (server.args) or "variant_args" gave its value. Where the release drops
+    the schedule under data parallelism (SCHEDULE_DROP) and the server has `data_parallel_size` engines in one group,
+    K is num_speculative_tokens and `schedule_dropped` says why."""
     from vllm.config.speculative import SpeculativeConfig
 
     fields: dict[str, Any] = SpeculativeConfig.__pydantic_fields__  # type: ignore[attr-defined]
@@ -231,9 +241,12 @@ def speculation_in_force(
         "batch_size": batch_size,
         "k_in_force": value(K_FIELD),
         "k_problem": None,
+        "schedule_dropped": None,
     }
     schedule = value(SCHEDULE_FIELD)
-    if schedule is not None:
+    if schedule is not None and data_parallel_size > 1 and _drops_schedule():
+        found["schedule_dropped"] = f"data_parallel_size {data_parallel_size}"
+    elif schedule is not None:
         from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
         k = value(K_FIELD)  # None: the drafter's config gives K (n_predict); the schedule alone then says
@@ -243,6 +256,18 @@ def speculation_in_force(
         except (ValueError, TypeError) as exc:  # vLLM's refusal of the schedule, which its scheduler raises at start
             found["k_in_force"], found["k_problem"] = None, _first(exc)
     return found
+
+
+def data_parallel_size(model: str, serve_args: list[str]) -> int:
+    """The engines of the server's data-parallel group, as vLLM's parser reads them from the server's arguments."""
+    return int(getattr(_parser().parse_args([model, *serve_args]), "data_parallel_size", None) or 1)
+
+
+def _drops_schedule() -> bool:
+    """Whether this release's engine config drops a batch-size schedule under data parallelism (SCHEDULE_DROP)."""
+    from vllm.config import VllmConfig
+
+    return callable(getattr(VllmConfig, SCHEDULE_DROP, None))
 
 
 V2_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"  # plan.V2_SWITCH
@@ -361,8 +386,9 @@ def answer(request: dict[str, Any], version: str) -> dict[str, Any]:
     if spec and not found["unknown_keys"] and not found["bad_values"] and not found["args_error"]:
         if not found["variant_args_error"]:
             found["speculation"] = speculation_in_force(
-                request["model"], spec, args, extra, int(request.get("batch_size") or 1)
-            )
+                request["model"], spec, args, extra, int(request.get("batch_size") or 1),
+                data_parallel_size(request["model"], list(request.get("serve_args") or [])),
+            )  # fmt: skip
     prompts = list(request.get("prompts") or [])
     found["too_long"], skipped = (
         too_long(request["model"], prompts, request.get("max_model_len")) if prompts else (None, None)

@@ -97,6 +97,11 @@ NEW_CASES: dict[str, Case] = {
         "server.args",
         "[speculative] table",
     ),
+    "args dotted --speculative-config.KEY": _scenario_case(
+        FAKE.replace("[server]", "[server]\nargs = ['--speculative-config.num_speculative_tokens=5']"),
+        "server.args",
+        "set num_speculative_tokens under [speculative] instead",
+    ),
     "args reserved --enable-sleep-mode": _scenario_case(
         FAKE.replace("[server]", "[server]\nargs = ['--enable-sleep-mode']"), "server.args", "set by specwake"
     ),

@@ -29,6 +29,7 @@ from specwake.prepare.server_args import RESERVED_FLAGS
 from specwake.prepare.variants import RELOAD_MODE, RELOAD_MODE_SINCE, RELOAD_MODES
 from specwake.protocol import ADAPTIVE_FIELD, K_FIELD, METHOD_FIELD, SCHEDULE_FIELD
 from specwake.worker.discard import ANY_DRAFT
+from specwake.worker.validate import SCHEDULE_DROP
 from tests.helpers.paths import REPO
 from tests.helpers.procs import launch_env
 from tests.helpers.release_check import (
@@ -211,6 +212,23 @@ def test_the_speculative_config_guard_reads_the_releases_own_fields_and_schedule
         n for n in lookup.body if isinstance(n, ast.FunctionDef) and n.name == "build_dynamic_sd_schedule_lookup"
     ]
     assert [a.arg for a in build.args.args] == [SCHEDULE_FIELD, "vllm_max_batch_size", "vllm_num_speculative_tokens"]
+
+
+def test_data_parallelism_drops_a_batch_size_schedule_where_the_guard_says_so(release):
+    """VllmConfig.__post_init__ calls SCHEDULE_DROP (vllm/config/vllm.py), which sets the schedule to None unless
+    data_parallel_size <= 1 (or no schedule is set): vLLM then drafts num_speculative_tokens at every batch size, the K
+    specwake.worker.validate reports for a data-parallel group (specwake.prepare.speculation)."""
+    version, tree = release
+    module = ast.parse((tree / "vllm" / "config" / "vllm.py").read_text())
+    (config,) = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "VllmConfig"]
+    methods = {n.name: n for n in config.body if isinstance(n, ast.FunctionDef)}
+    assert SCHEDULE_DROP in methods, version
+    first, *_, last = methods[SCHEDULE_DROP].body[1:]  # after `speculative_config = self.speculative_config`
+    assert isinstance(first, ast.If) and [ast.unparse(s) for s in first.body] == ["return"], version
+    assert "self.parallel_config.data_parallel_size <= 1" in ast.unparse(first.test), version
+    assert ast.unparse(last) == f"speculative_config.{SCHEDULE_FIELD} = None", version
+    called = [ast.unparse(s) for s in methods["__post_init__"].body if isinstance(s, ast.Expr)]
+    assert f"self.{SCHEDULE_DROP}()" in called, version  # unconditionally, in the body of __post_init__
 
 
 def test_every_flag_the_shipped_scenarios_start_a_server_with_is_the_releases(release):

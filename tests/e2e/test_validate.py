@@ -90,8 +90,10 @@ CASES = {
         "speculative.rejection_sample_method",
         "AL is set by configuration and judges no drafter",
     ),
-    "synthetic rejection sampling set through server.args": (  # vLLM's parser merges it as the server gets it
-        MINIMAL.replace("[server]", '[server]\nargs = ["--speculative-config.rejection_sample_method", "synthetic"]'),
+    # `--speculative-config.KEY` is refused before vLLM is asked (server_args.py); an abbreviation vLLM's parser takes
+    # for it is read as the server gets it, a speculative config of its own
+    "synthetic rejection sampling set through server.args": (
+        MINIMAL.replace("[server]", '[server]\nargs = ["--speculative-conf.rejection_sample_method", "synthetic"]'),
         "server.args",
         '"synthetic": vLLM',
     ),

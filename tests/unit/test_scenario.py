@@ -296,3 +296,38 @@ def test_the_variant_patch_adds_expects_recover_unless_the_file_or_expect_says_o
     ]
     plain = load_scenario(write(tmp_path, MINIMAL))  # no --patch: nothing added, nothing expected
     assert [(v.name, v.expected_said) for v in plain.variants] == [("baseline", "any")]
+
+
+SPECULATIVE_ARGS = [  # (scenario text, its key): what vLLM's parser would read as a whole new --speculative-config
+    (
+        MINIMAL.replace(
+            "[server]", "[server]\nargs = ['--seed', '0', '--speculative-config.num_speculative_tokens', '5']"
+        ),
+        "server.args",
+    ),
+    (MINIMAL.replace("[server]", "[server]\nargs = ['-sc.num_speculative_tokens', '5']"), "server.args"),
+    (
+        MINIMAL + "[variants.baseline]\n[variants.fix]\nargs = ['--speculative_config.num_speculative_tokens=5']\n",
+        "variants.fix.args",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "key"), SPECULATIVE_ARGS)
+def test_a_dotted_speculative_config_flag_is_refused_naming_the_key_to_set_under_speculative(
+    tmp_path: Path, text: str, key: str
+) -> None:
+    """vLLM's parser gathers `--speculative-config.KEY VALUE` into a --speculative-config of its own, given after
+    specwake's, which replaces the [speculative] table whole (FlexibleArgumentParser.parse_args)."""
+    path = write(tmp_path, text)
+    result = CliRunner().invoke(app, ["check", str(path), "--no-gpu-check"])
+    assert result.exit_code == 2
+    (line,) = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert f"{path}: {key}: " in line and "set num_speculative_tokens under [speculative] instead" in line
+
+
+@pytest.mark.parametrize("flag", ["-sc", "--speculative_config"])
+def test_another_spelling_of_speculative_config_is_refused_as_the_flag_is(tmp_path: Path, flag: str) -> None:
+    path = write(tmp_path, MINIMAL.replace("[server]", f"[server]\nargs = ['{flag}', '{{}}']"))
+    with pytest.raises(ScenarioError, match=r"server\.args: .* is set by specwake \(use the \[speculative\] table\)"):
+        load_scenario(path)

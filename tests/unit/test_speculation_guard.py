@@ -29,6 +29,7 @@ def read(
     k_in_force: int | None = 3,
     k_problem: str | None = None,
     set_by: dict[str, str] | None = None,
+    schedule_dropped: str | None = None,
 ) -> dict[str, Any]:
     """What `speculation_in_force` answers (fields of vLLM 0.33's SpeculativeConfig)."""
     fields = dict(zip(SOURCES, (method, adaptive, k, schedule), strict=True))
@@ -38,6 +39,7 @@ def read(
         "batch_size": 1,
         "k_in_force": k_in_force,
         "k_problem": k_problem,
+        "schedule_dropped": schedule_dropped,
     }
 
 
@@ -97,3 +99,20 @@ def test_check_says_the_k_in_force_where_it_comes_from_and_how_drafts_are_verifi
     )
     assert speculation_line(read(k=None, k_in_force=None)).startswith("K from the drafter's config (n_predict) at 1")
     assert speculation_line(None) is None
+
+
+def test_under_data_parallelism_check_says_vllm_drops_the_schedule_and_judges_num_speculative_tokens(
+    tmp_path: Path,
+) -> None:
+    """vLLM's engine config drops a batch-size schedule where data_parallel_size > 1 (the validation program reads
+    it: tests/component/test_schedule_under_data_parallelism.py): K is num_speculative_tokens, the schedule's K = 0
+    at one request at a time is no refusal, and `check` says which K and why."""
+    dropped = read(schedule=[[1, 2, 0], [3, 16, 3]], k_in_force=3, schedule_dropped="data_parallel_size 2")
+    assert speculation_line(dropped) == (
+        "K 3 at 1 request at a time (the workload's concurrency) (num_speculative_tokens: vLLM drops"
+        " num_speculative_tokens_per_batch_size under data_parallel_size 2); rejection sampling standard"
+    )
+    file = tmp_path / "s.toml"
+    file.write_text(MINIMAL.replace("[server]\n", "[server]\ndata_parallel_size = 2\n"))
+    scenario = load_scenario(file)
+    check_answer(scenario, scenario.variants[0], {"vllm": "0.33.0", "speculation": dropped})
