@@ -4,7 +4,8 @@ that state. The fork runs the server module as ``python -m MODULE ARGS`` would, 
 environment, cores and log; the launcher reports its pid, and its exit code once it ends.
 
 ``python -m specwake.worker.warm MODULE REPLY_FD``: requests come as JSON lines on stdin
-(``{"args": [...], "env": {...}, "log": PATH, "cpus": [...]}``), answers go as JSON lines to REPLY_FD:
+(``{"args": [...], "env": {...}, "log": PATH, "cpus": [...]}``, where env holds what differs from the launcher's
+own environment, None for a variable to unset), answers go as JSON lines to REPLY_FD:
 ``{"ready": true, "import_s": S}`` once the imports are made (or ``{"ready": false, "why": ...}``), then
 ``{"started": PID}`` per request (or ``{"failed": why}``) and ``{"exited": PID, "code": CODE}`` as each server ends
 (CODE as ``subprocess.Popen.returncode``: negative for a signal). It exits at end of input; servers it started keep
@@ -18,7 +19,8 @@ A launcher whose imports started a thread refuses to fork (a fork copies only th
 another thread held would stay held in the child): its servers then start cold.
 
 A fork inherits the process's settings of the moment of its imports. What a cold start sets after them is set again in
-the fork, first thing: the environment (vLLM reads its variables when asked), the cores, and torch's thread count,
+the fork, first thing: the variables its environment has otherwise (vLLM reads its variables when asked; what the
+interpreter's own start or the imports added stays, as in a cold start), the cores, and torch's thread count,
 which torch's OpenMP runtime chose from the cores the launcher had. Everything else a module reads once at import
 (Triton's interpreter switch, vLLM's logging settings, OpenMP's variables) is the same by construction: specwake gives a
 launcher only the servers whose environment is the launcher's own, the binding of threads to cores aside
@@ -125,8 +127,11 @@ def become(request: dict[str, Any], requests: int, replies: int) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-    os.environ.clear()
-    os.environ.update(request["env"])
+    for name, value in request["env"].items():  # what differs from the launcher's own (None: unset)
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     if request.get("cpus"):
         os.sched_setaffinity(0, request["cpus"])
     torch = sys.modules.get("torch")

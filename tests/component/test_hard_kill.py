@@ -25,6 +25,7 @@ from specwake.run.server.groups import boot_id, live_group_members, pid_namespac
 from specwake.run.server.leftovers import ServerRecord, registry_dir, remember
 from specwake.run.server.lifeline import Lifeline
 from specwake.run.server.server import Server, ServerSpec, free_port
+from specwake.run.server.warm import SWITCH as WARM_SWITCH
 from tests.helpers.fakeengine import REPO, FakeEngine, cli_env, one_run_dir, run_cli, scenario_text
 from tests.helpers.paths import FAKE_SERVER
 from tests.helpers.procs import leftover_processes
@@ -125,18 +126,20 @@ def wait_watchdogs_gone(found: list[dict], within_s: float) -> None:
 # -- the run dies, its servers die with it -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+@pytest.mark.parametrize("platform", ["cpu", "gpu", "cpu-warm"])
 def test_sigkill_of_specwake_mid_stage_stops_every_server_group(
     engine: FakeEngine, tmp_path: Path, platform: str
 ) -> None:
     """CPU: both variants' servers side by side (the default); GPU (fake CUDA, 2 GPUs, packed): two servers up, the
-    third variant waiting for a GPU. specwake is SIGKILLed while a server measures its fresh stage."""
-    gpu = platform == "gpu"
+    third variant waiting for a GPU; warm CPU: the two servers forked from one warm launcher (the variants differ in
+    name only), which must exit too. specwake is SIGKILLed while a server measures its fresh stage."""
+    gpu, warm = platform == "gpu", platform == "cpu-warm"
     variants = ["baseline", "patched", "third"] if gpu else ["baseline", "patched"]
-    proc = start_run(engine, tmp_path, variants, **(GPUS if gpu else {}))
+    proc = start_run(engine, tmp_path, variants, **(GPUS if gpu else {WARM_SWITCH: "1"} if warm else {}))
     try:
         wait_until_measuring(proc, servers=2)
-        assert len(engine.survivors()) == 4  # two API servers, each with its "engine core"
+        # two API servers, each with its "engine core", and where they were forked warm their launcher
+        assert len(engine.survivors()) == 4 + warm
         hard_kill(proc)
         seconds = wait_gone(engine, GONE_WITHIN_S)
     finally:
@@ -150,6 +153,7 @@ def test_sigkill_of_specwake_mid_stage_stops_every_server_group(
     for span in spans:
         assert span.log is not None
         log = wait_for_line(span.log, f"server group {span.pid} stopped")
+        assert ("# warm start: forked from launcher pid" in log) is warm
         assert f"specwake (pid {proc.pid}) is gone: stopping server group {span.pid} (2 processes" in log
     print(f"{platform}: every server process gone {seconds:.2f} s after the SIGKILL")
 

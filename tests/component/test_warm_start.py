@@ -78,6 +78,7 @@ def test_servers_of_one_environment_are_forked_from_one_launcher_that_imported_t
         assert {fact["imported_by"] for fact in seen} == {launcher}  # imported once, ahead, in the launcher
         assert [fact["sid"] for fact in seen] == [one.pid, two.pid]  # each a session (and group) of its own
         assert [fact["argv"][-1] for fact in seen] == ["first", "second"]
+        assert [fact["bind"] for fact in seen] == ["0", "1"]  # each its own binding, the launcher's first one's
         assert f"forked from launcher pid {launcher}" in first.log_path.read_text()
         assert f"PPid:\t{launcher}\n" in Path(f"/proc/{one.pid}/status").read_text()
     assert (one.returncode(), two.returncode()) == (-signal.SIGTERM, -signal.SIGTERM)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specwake.run.server.warm import SWITCH as WARM_SWITCH
 from specwake.runfolder import load_result
 from tests.helpers.paths import HELPERS, REPO
 from tests.helpers.procs import launch_env, processes_with_env
@@ -40,13 +41,15 @@ FIX_DIFF = f"""\
 """
 
 # The fake vLLM's server entry point: tests/helpers/fake_api_server.py, found through the tests folder on sys.path.
+# Run as vLLM's is (runpy, as `__main__`), never on import: a warm launcher imports it ahead of its servers.
 _API_SERVER = """\
 import os, sys
 
 sys.path.insert(0, os.environ["FAKE_ENGINE_TESTS"])
 import fake_api_server
 
-fake_api_server.main()
+if __name__ == "__main__":
+    fake_api_server.main()
 """
 
 # FAKE_VLLM_PLATFORM=cuda in the environment of specwake (its probe runs with it) makes the fake engine a
@@ -265,9 +268,10 @@ def _inline(env: dict[str, str]) -> str:
 
 
 def cli_env(cache: Path, **extra: str) -> dict[str, str]:
-    """Environment for a `python -m specwake.cli` subprocess: private cache, no colour."""
+    """Environment for a `python -m specwake.cli` subprocess: private cache, no colour, every server started cold
+    (each a start of the fake interpreter, which records it: tests/component/test_warm_start.py forks them warm)."""
     env = {k: v for k, v in launch_env().items() if k not in ("PYTHONPATH", "HF_TOKEN", "GITHUB_STEP_SUMMARY")}
-    env.update({"SPECWAKE_CACHE": str(cache), "NO_COLOR": "1", "COLUMNS": "200"}, **extra)
+    env.update({"SPECWAKE_CACHE": str(cache), "NO_COLOR": "1", "COLUMNS": "200", WARM_SWITCH: "0"}, **extra)
     return env
 
 

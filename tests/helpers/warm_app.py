@@ -19,6 +19,7 @@ if __name__ == "__main__":
         "cpus": sorted(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads() if torch is not None else None,
         "value": os.environ.get("WARM_TEST_VALUE"),
+        "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
         "argv": sys.argv[1:],
     }
     print(f"warm-app {json.dumps(facts)}", flush=True)

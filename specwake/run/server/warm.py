@@ -139,7 +139,8 @@ class Launcher:
     def fork(self, args: list[str], env: Mapping[str, str], log_path: Path, cpus: tuple[int, ...]) -> WarmProcess:
         """A server forked from the launcher: ``python -m MODULE *args`` with `env`, output appended to `log_path`,
         held to `cpus`."""
-        request = {"args": args, "env": dict(env), "log": str(log_path), "cpus": list(cpus)}
+        differs = {name: env.get(name) for name in env.keys() | self.env.keys() if env.get(name) != self.env.get(name)}
+        request = {"args": args, "env": differs, "log": str(log_path), "cpus": list(cpus)}
         with self._fork_lock:
             started = self._ask(request)
         if "started" not in started:
