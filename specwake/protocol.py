@@ -32,6 +32,7 @@ RELOAD = "reload_weights"
 WORKER_METHODS = (INFO, FINGERPRINT, MEMORY, DISCARD, PUSH, TRANSFER_MANIFEST, RELOAD)
 FRESH = "fresh"  # the name the workers keep the fresh fingerprints under
 RESTORED = "restored"  # the name they keep each cycle's fingerprints right after its reload, push or sync under
+UPDATING = "updating"  # the name they keep the fingerprints taken before each model's push or sync session under
 ROLES = ("target", "draft")
 KINDS = ("parameter", "buffer", "attribute")  # every tensor a model holds, by what an L2 sleep does with it
 
@@ -109,10 +110,18 @@ STEP_BY_NAME = {step.name: step for step in STEPS}
 FRESH_POINT = "after fresh"  # after the fresh stage: the fingerprints kept to compare with
 BEFORE_SLEEP = "before sleep"
 SYNC_POINT = "after weight sync"  # after the last session of a sync: weights are judged there, like after a reload
+# Around each model's update of a push or sync (one push or one session per model): both models fingerprinted before
+# the first (BEFORE_UPDATE, after wake_weights) and after each, compared with the readings before it, so an update that
+# changes the model it does not address, or none of the one it does, is caught and named (specwake.judge.weights).
+# After the last update the point is the cycle's restore point (after push, SYNC_POINT); UPDATE_POINT after the others.
+BEFORE_UPDATE = "before update"
+UPDATE_POINT = "after update"
 # After each measured stage that follows a cycle: compared with fresh and with the cycle's RESTORED fingerprints, so a
 # tensor the stage's own forwards changed is caught (the last one is the end of the run: nothing runs after it)
 STAGE_POINT = "after stage"
-FINGERPRINT_POINTS = frozenset({FRESH_POINT, SYNC_POINT, STAGE_POINT, *(s.point for s in STEPS if s.fingerprints)})
+FINGERPRINT_POINTS = frozenset(
+    {FRESH_POINT, SYNC_POINT, STAGE_POINT, BEFORE_UPDATE, UPDATE_POINT, *(s.point for s in STEPS if s.fingerprints)}
+)
 MEMORY_POINTS = frozenset({BEFORE_SLEEP, SYNC_POINT, *(s.point for s in STEPS if s.memory)})
 RESTORE_POINTS = (*(s.point for s in STEPS if s.restores), SYNC_POINT)
 WAKE_STEPS = tuple(s.name for s in STEPS if s.wakes)
@@ -133,7 +142,16 @@ def _known(cls: type, data: Any) -> dict[str, Any]:
 PUSH_VIA = "push"  # specwake's worker extension loads the tensors (specwake_push)
 SYNC_VIA = "weight_transfer"  # vLLM's weight-transfer API, one session per model
 TRANSFER_FLAG = "--weight-transfer-config"
-PUSH_KEYS = ("push_to", "push_scale", "push_skip")  # the scenario keys of a push or sync
+PUSH_KEYS = ("push_to", "push_scale", "push_skip", "push_fault")  # the scenario keys of a push or sync
+PUSH_ORDER = ("draft", "target")  # a push's models in order: modules they share end up with the target's tensors
+SYNC_ORDER = ("target", "draft")  # a sync's sessions in order, as RL frameworks run them
+# A misrouted update, planted on purpose (a variant's push_fault) so a test can prove it is caught and named: the
+# drafter's update sent to the target (verl-SpeCo#78), a drafter's update that sends no tensors, the target's update
+# written into the drafter as well.
+DRAFT_TO_TARGET = "draft-to-target"
+EMPTY_DRAFT = "empty-draft"
+TARGET_ALSO_TO_DRAFT = "target-also-to-draft"
+PUSH_FAULTS = (DRAFT_TO_TARGET, EMPTY_DRAFT, TARGET_ALSO_TO_DRAFT)
 
 
 @dataclass(frozen=True)
@@ -146,7 +164,8 @@ class ReloadKind:
     drafter is sent (specwake.judge.verdict.judges_drafter). The words: `noun` names one in explanations ("the sync
     scaled …"), `sends` is the verb of a scenario error, `check_verb` starts `check`'s line of what a variant sends,
     `restored_by` ends the report's note on the emulated discard ({pushed}: the models each variant sent), `did`
-    the report's heading line of a variant ({to}: the models it sent)."""
+    the report's heading line of a variant ({to}: the models it sent), `update` one model's update ("the draft
+    session"), `order` the order the models are updated in."""
 
     name: str
     via: str | None
@@ -157,6 +176,8 @@ class ReloadKind:
     did: str = ""
     keys: tuple[str, ...] = ()
     server_flags: tuple[tuple[str, str], ...] = ()
+    update: str = "{role} update"
+    order: tuple[str, ...] = PUSH_ORDER
 
     @property
     def pushes(self) -> bool:
@@ -173,13 +194,13 @@ RELOAD_KIND = ReloadKind(
 PUSH_KIND = ReloadKind(
     PUSH_VIA, PUSH_VIA, "push", "pushes",
     "wake is unmodified vLLM; the weights came back by specwake's push ({pushed})",
-    check_verb="pushes to", did="pushed {to}", keys=PUSH_KEYS,
+    check_verb="pushes to", did="pushed {to}", keys=PUSH_KEYS, update="{role} push",
 )  # fmt: skip
 SYNC_KIND = ReloadKind(
     SYNC_VIA, SYNC_VIA, "sync", "syncs",
     "wake and the weight-transfer sessions are unmodified vLLM, with specwake's file transport ({pushed})",
     check_verb="syncs through vLLM's weight-transfer API:", did="synced {to} through vLLM's weight-transfer API",
-    keys=PUSH_KEYS,
+    keys=PUSH_KEYS, update="{role} session", order=SYNC_ORDER,
     # the engine the workers create at load; specwake's worker extension registers it
     server_flags=((TRANSFER_FLAG, json.dumps({"backend": TRANSFER_BACKEND}, separators=(",", ":"))),),
 )  # fmt: skip
@@ -260,6 +281,7 @@ class PushRequest:
     via: str = PUSH_VIA
     skip: tuple[str, ...] = ()
     chosen: dict[str, Chosen] = field(default_factory=dict)
+    fault: str | None = None  # a misrouted update planted on purpose (PUSH_FAULTS): the variant's push_fault
 
     @property
     def changes(self) -> bool:
@@ -273,6 +295,8 @@ class PushRequest:
             data["skip"] = list(self.skip)
         if self.chosen:
             data["chosen"] = {role: c.to_dict() for role, c in self.chosen.items()}
+        if self.fault:
+            data["fault"] = self.fault
         return json.dumps(data, sort_keys=True)
 
     @property
@@ -284,7 +308,8 @@ class PushRequest:
         data = data if isinstance(data, dict) else {}
         to, scale = tuple(data.get("to") or ("target",)), dict(data.get("scale") or {})
         chosen = {str(role): Chosen.from_dict(c) for role, c in (data.get("chosen") or {}).items()}
-        return cls(to, scale, str(data.get("via") or PUSH_VIA), tuple(data.get("skip") or ()), chosen)
+        fault = str(data["fault"]) if data.get("fault") else None
+        return cls(to, scale, str(data.get("via") or PUSH_VIA), tuple(data.get("skip") or ()), chosen, fault)
 
     @classmethod
     def from_json(cls, text: str) -> PushRequest:
@@ -474,10 +499,18 @@ class Fingerprint:
     uncovered_differ: int | None = None  # those of them that differ from fresh (compared like the others)
     uncovered_differ_names: list[str] = field(default_factory=list)
     # At STAGE_POINT: the tensors that differ from the cycle's RESTORED fingerprints (changed during the stage; every
-    # tensor compared alike, uncovered ones included), the first 20 with how; None where nothing was compared so
+    # tensor compared alike, uncovered ones included), the first 20 with how; after each model's push or sync session
+    # (UPDATE_POINT, and the restore point that ends a push or sync): those that differ from the readings before that
+    # update (UPDATING); None where nothing was compared so
     changed: int | None = None
     changed_names: list[str] = field(default_factory=list)
     changed_how: dict[str, str] = field(default_factory=dict)
+    changed_shared: list[str] = field(default_factory=list)  # the changed tensors a drafter shares with the target
+
+    @property
+    def changed_own(self) -> int:
+        """Changed tensors that are this model's own: a drafter's shared with the target are the target's to judge."""
+        return (self.changed or 0) - len(self.changed_shared)
 
     @property
     def compares(self) -> bool:
@@ -504,7 +537,7 @@ class Fingerprint:
             data.pop("uncovered_differ")
             data.pop("uncovered_differ_names")
         if self.changed is None:
-            for key in ("changed", "changed_names", "changed_how"):
+            for key in ("changed", "changed_names", "changed_how", "changed_shared"):
                 data.pop(key)
         return data
 

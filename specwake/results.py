@@ -152,6 +152,9 @@ class Diagnostic:
     weight_checker: CheckerReading | None = None
     error: str | None = None
     engines: tuple[int, ...] = ()  # with data parallelism: the engine of each rank's answer; () for one engine
+    # after one model's push or sync session (protocol.UPDATE_POINT, or the restore point after the last): the model
+    # it addresses; its fingerprints' `changed` count what the update changed of each model
+    update: str | None = None
 
     @property
     def _answers(self) -> int:
@@ -190,6 +193,7 @@ class Diagnostic:
     def to_dict(self) -> dict[str, Any]:
         """As result files keep it: only what was taken."""
         data: dict[str, Any] = {"cycle": self.cycle, "point": self.point}
+        data |= {"update": self.update} if self.update else {}
         if self.fingerprints:
             data["fingerprints"] = [{role: fp.to_dict() for role, fp in rank.items()} for rank in self.fingerprints]
         if self.memory:
@@ -210,7 +214,8 @@ class Diagnostic:
         checker = CheckerReading.from_dict(data.get("weight_checker"))
         error, engines = data.get("error"), tuple(int(e) for e in data.get("engines") or ())
         point, cycle = str(data.get("point")), int(data.get("cycle") or 0)
-        return cls(cycle, point, tuple(ranks), memory, checker, None if error is None else str(error), engines)
+        update = str(data["update"]) if data.get("update") else None
+        return cls(cycle, point, tuple(ranks), memory, checker, None if error is None else str(error), engines, update)
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,7 @@ class Push:
     skip: tuple[str, ...] = ()
     scaled: dict[str, int] | None = None
     skipped: dict[str, int] | None = None
+    fault: str | None = None  # a misrouted update planted on purpose (the variant's push_fault)
 
     @property
     def syncs(self) -> bool:
@@ -235,13 +241,14 @@ class Push:
         counted = bool(request.chosen and request.changes)
         scaled = {role: len(c.scale) for role, c in request.chosen.items()} if counted else None
         skipped = {role: len(c.skip) for role, c in request.chosen.items()} if counted else None
-        return cls(request.to, dict(request.scale), request.via, request.skip, scaled, skipped)
+        return cls(request.to, dict(request.scale), request.via, request.skip, scaled, skipped, request.fault)
 
     def to_dict(self) -> dict[str, Any]:
-        """`via` only for a sync, `skip` and the counts only when set: a plain push reads as it always did."""
+        """`via` only for a sync, `skip`, `fault` and the counts only when set: a plain push reads as it always did."""
         data: dict[str, Any] = {"to": list(self.to), "scale": dict(self.scale)}
         data |= {"via": self.via} if self.via != PUSH_VIA else {}
         data |= {"skip": list(self.skip)} if self.skip else {}
+        data |= {"fault": self.fault} if self.fault else {}
         data |= {"scaled": self.scaled} if self.scaled is not None else {}
         return data | ({"skipped": self.skipped} if self.skipped is not None else {})
 
@@ -252,7 +259,8 @@ class Push:
         counts = {key: {str(r): int(n) for r, n in data[key].items()} if isinstance(data.get(key), dict) else None
                   for key in ("scaled", "skipped")}  # fmt: skip
         to, skip = tuple(data.get("to") or ("target",)), tuple(data.get("skip") or ())
-        return cls(to, dict(data.get("scale") or {}), str(data.get("via") or PUSH_VIA), skip, **counts)
+        fault = str(data["fault"]) if data.get("fault") else None
+        return cls(to, dict(data.get("scale") or {}), str(data.get("via") or PUSH_VIA), skip, **counts, fault=fault)
 
 
 @dataclass(frozen=True)

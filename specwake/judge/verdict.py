@@ -152,6 +152,10 @@ class Facts:
     # None: not compared. Never on purpose, whatever was pushed: both models are judged by it
     target_held: bool | None = None
     draft_held: bool | None = None
+    # every push or sync session landed on the model it addresses, and only there (judge.weights.landed); None: not
+    # compared (a reload)
+    target_landed: bool | None = None
+    draft_landed: bool | None = None
 
     @property
     def fresh(self) -> StageResult | None:
@@ -213,6 +217,12 @@ RULES: tuple[Rule, ...] = (
         " left are not the ones the stage served",
         lambda f: f.target_held is False,
     ),
+    Rule(
+        "corrupt",
+        "a push or sync session not addressed to the target changed its tensors (a draft update routed to the target),"
+        " or one addressed to it changed none of them though they differed from fresh before it",
+        lambda f: f.target_landed is False,
+    ),
     Rule("floor", "the variant runs without speculation", lambda f: not f.speculative),
     Rule(
         "untested",
@@ -234,6 +244,13 @@ RULES: tuple[Rule, ...] = (
         "degraded",
         "a tensor of the drafter changed during a measured stage after a cycle, whatever AL says",
         lambda f: f.draft_held is False,
+    ),
+    Rule(
+        "degraded",
+        "a push or sync session not addressed to the drafter changed its tensors (the target's update written into it"
+        " too), or one addressed to it changed none of them though they differed from fresh before it (an empty draft"
+        " session), whatever AL says",
+        lambda f: f.draft_landed is False,
     ),
     Rule(
         "degraded",
@@ -272,11 +289,13 @@ def decide_outcome(
     sleep_ignored: bool = False,
     target_held: bool | None = None,
     draft_held: bool | None = None,
+    target_landed: bool | None = None,
+    draft_landed: bool | None = None,
 ) -> str:
     """The outcome of one variant: the first rule of RULES that applies."""
     _check_tolerance(tolerance)
     facts = Facts(stages, tolerance, failure, target_restored, draft_restored, speed, collapse_al, speculative,
-                  perturbed, sleep_ignored, target_held, draft_held)  # fmt: skip
+                  perturbed, sleep_ignored, target_held, draft_held, target_landed, draft_landed)  # fmt: skip
     return next(rule.outcome for rule in RULES if rule.applies(facts))
 
 

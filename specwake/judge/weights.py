@@ -1,7 +1,8 @@
 """Pure readings of the diagnostics a run recorded (see specwake.run.measure.diagnose): whether target and drafter match
-their fresh fingerprints after every reload or push, whether they stayed so through the measured stage that follows, and
-which tensors moved to new storage. The one-line summaries the report shows ("draft: 6/11 tensors differ from fresh
-after reload_weights in cycle 2; …") are specwake.report.weights.
+their fresh fingerprints after every reload or push, whether they stayed so through the measured stage that follows,
+whether each model's push or sync session landed on the model it addresses, and which tensors moved to new storage. The
+one-line summaries the report shows ("draft: 6/11 tensors differ from fresh after reload_weights in cycle 2; …") are
+specwake.report.weights.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specwake.protocol import RESTORE_POINTS, ROLES, STAGE_POINT, Fingerprint
+from specwake.protocol import BEFORE_UPDATE, RESTORE_POINTS, ROLES, STAGE_POINT, Fingerprint
 from specwake.results import Diagnostic
 
 KIND_WORDS = {"parameter": "parameters", "buffer": "buffers", "attribute": "tensor attributes"}
@@ -120,6 +121,61 @@ def held(diagnostics: Sequence[Diagnostic], role: str) -> bool | None:
     None where no stage was compared with that."""
     compared = stage_parts(diagnostics, role)
     return all(p.changed == 0 for _, p in compared) if compared else None
+
+
+@dataclass(frozen=True)
+class Misroute:
+    """One model's push or sync session that did not land as addressed: after the update of `update` (the model it
+    addresses) in `cycle`, `role` changed though the update was not for it (`stray`), or, the model it addresses,
+    changed in none of its tensors though they differed from fresh before it (an update that sent nothing, or sent it
+    elsewhere). `part`: the rank with the most changed (stray) or the first rank (nothing landed)."""
+
+    role: str
+    update: str
+    cycle: int
+    part: Fingerprint
+    before: int = 0  # the tensors of `role` that differed from fresh before the update (nothing landed), all ranks
+
+    @property
+    def stray(self) -> bool:
+        return self.role != self.update
+
+
+def misroutes(diagnostics: Sequence[Diagnostic], role: str) -> list[Misroute]:
+    """Every push or sync session of every cycle that did not land on `role` as it should: one not addressed to `role`
+    that changed any of its tensors (a draft publish routed to the target; a target update written into the drafter
+    too), or one addressed to `role` that changed none of them while `role` differed from fresh before it (an empty
+    session). Compared on every rank with the readings right before that update (BEFORE_UPDATE, or the previous
+    update's); in cycle order."""
+    found = []
+    before: dict[int, Diagnostic] = {}  # cycle → the reading right before the next update
+    for taken in diagnostics:
+        if taken.point == BEFORE_UPDATE:
+            before[taken.cycle] = taken
+        if taken.update is None:
+            continue
+        parts = [p for p in taken.parts(role) if p is not None and p.changed is not None]
+        previous = before.get(taken.cycle)
+        before[taken.cycle] = taken
+        if not parts:
+            continue
+        if taken.update != role:
+            changed = [p for p in parts if p.changed_own]
+            if changed:
+                found.append(Misroute(role, taken.update, taken.cycle, max(changed, key=lambda p: p.changed_own)))
+            continue
+        earlier = [p for p in previous.parts(role) if p is not None] if previous is not None else []
+        if sum(p.not_restored for p in earlier) and all(p.changed_own == 0 for p in parts):
+            found.append(Misroute(role, taken.update, taken.cycle, parts[0], sum(p.differ or 0 for p in earlier)))
+    return found
+
+
+def landed(diagnostics: Sequence[Diagnostic], role: str) -> bool | None:
+    """Whether every push or sync session landed on `role` as addressed (misroutes); None where no update was
+    compared with the readings before it (a reload, and results from before)."""
+    compared = [d for d in diagnostics if d.update is not None and any(
+        p is not None and p.changed is not None for p in d.parts(role))]  # fmt: skip
+    return not misroutes(diagnostics, role) if compared else None
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class Variant:
     push_to: tuple[str, ...] = ("target",)  # with [cycle] reload = "push"
     push_scale: tuple[tuple[str, float], ...] = ()  # a perturbed push or sync (see VariantSection)
     push_skip: tuple[str, ...] = ()  # a partial push or sync
+    push_fault: str | None = None  # a misrouted push or sync planted on purpose (protocol.PUSH_FAULTS)
     discard_rules: str | None = None  # whose L2 sleep an emulated discard follows; None: the installed vLLM's
     model_runner: str | None = None  # "v1" | "v2": the runner its server is told to run; None: vLLM's own choice
     # where model_runner was set, as an error names it: its own table's key, the server's, or the flag
@@ -150,6 +151,7 @@ class Scenario:
                 "push_to": list(v.push_to),
                 "push_scale": dict(v.push_scale),
                 "push_skip": list(v.push_skip),
+                "push_fault": v.push_fault,
                 "discard_rules": v.discard_rules,
                 "model_runner": v.model_runner,
             }
@@ -418,6 +420,7 @@ def _resolve_variant(
                 tuple(section.push_to or doc.cycle.push_to),
                 tuple(sorted(section.push_scale.items())),
                 tuple(section.push_skip),
+                section.push_fault,
                 discard_rules=section.discard_rules or doc.cycle.discard_rules,
                 model_runner=section.model_runner or doc.server.model_runner or overrides.model_runner,
                 model_runner_from=_runner_from(

@@ -19,7 +19,7 @@ from specwake.judge.expectations import Limits, expectation_text
 from specwake.judge.sequential import DEFAULT_MIN_REPEATS
 from specwake.prepare.releases import ByRelease
 from specwake.prepare.server_args import args_is_list, env_values_are_strings, no_reserved_flags
-from specwake.protocol import RELOAD_KIND, RELOAD_KINDS, ROLES, ReloadKind, split_entry
+from specwake.protocol import RELOAD_KIND, RELOAD_KINDS, ROLES, TARGET_ALSO_TO_DRAFT, ReloadKind, split_entry
 
 HOST = "127.0.0.1"
 NODE_COMMAND, NODE_ARGV = "{command}", "{argv}"  # server.node_command's placeholders (and "{node}")
@@ -199,6 +199,7 @@ class WorkloadSection(_Strict):
 
 Level = Literal[1, 2]
 PushTarget = Literal["target", "draft"]
+PushFault = Literal["draft-to-target", "empty-draft", "target-also-to-draft"]  # protocol.PUSH_FAULTS (a unit test)
 _TARGET_ONLY: list[PushTarget] = ["target"]  # what most RL trainers push
 
 
@@ -302,6 +303,10 @@ class VariantSection(_Strict):
     push_scale: dict[str, float] = Field(default_factory=dict)
     # A partial push or sync: checkpoint tensor names (or globs) left out, with the same `draft:` / `target:` prefixes.
     push_skip: list[str] = Field(default_factory=list)
+    # A misrouted push or sync, planted on purpose to prove it is caught (protocol.PUSH_FAULTS): "draft-to-target"
+    # (the drafter's update sent to the target), "empty-draft" (the drafter's update sends no tensors),
+    # "target-also-to-draft" (the target's update written into the drafter as well).
+    push_fault: PushFault | None = None
     # This variant's [cycle] discard_rules: "0.33" or "0.34" (default: the cycle's)
     discard_rules: DiscardRules | None = None
     # This variant's server.model_runner: "v1" or "v2" (default: the server's)
@@ -427,7 +432,17 @@ class ScenarioFile(_Strict):
         if not kind.pushes:
             return self
         for name, section in self.variants.items():
-            if "draft" in (section.push_to or self.cycle.push_to):
+            to = section.push_to or self.cycle.push_to
+            if section.push_fault is not None:
+                needs: PushTarget = "target" if section.push_fault == TARGET_ALSO_TO_DRAFT else "draft"
+                if needs not in to:
+                    raise ValueError(
+                        f"variants.{name}.push_fault: {section.push_fault!r} misroutes the {needs} model's update,"
+                        f" which this variant never {kind.sends} (push_to = {to})"
+                    )
+                if not section.speculative or self.speculative.get("method") in NO_DRAFT_MODEL:
+                    raise ValueError(f"variants.{name}.push_fault: needs a drafter model")
+            if "draft" in to:
                 if not section.speculative:
                     raise ValueError(f"variants.{name}.push_to: 'draft' needs a drafter (speculative = false)")
                 if self.speculative.get("method") in NO_DRAFT_MODEL:

@@ -9,12 +9,14 @@ from typing import Any
 
 from specwake.judge.weights import ROLES
 from specwake.report.cycles import ledger
+from specwake.report.explain import update_words
 from specwake.report.markdown import MISSING, cell, fenced, inline
 from specwake.report.weights import (
     changes_line,
     checker_line,
     discard_line,
     memory_line,
+    misroutes_line,
     uncovered_line,
     weights_line,
 )
@@ -92,6 +94,7 @@ def _diagnostic_lines(variant: VariantResult) -> list[str]:
     if variant.diagnostics:
         weights = [weights_line(variant.diagnostics, role) for role in ROLES]
         weights += [changes_line(variant.diagnostics, role, variant.stages) for role in ROLES]
+        weights += [misroutes_line(variant.diagnostics, role, update_words(variant.push)) for role in ROLES]
         weights += [uncovered_line(variant.diagnostics, role) for role in ROLES]
         checker = checker_line(variant.diagnostics)
         lines += [f"- {line}" for line in (*weights, checker, memory_line(variant.diagnostics)) if line is not None]

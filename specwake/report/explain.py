@@ -24,9 +24,18 @@ from specwake.judge.verdict import (
     post_stages,
     recovery_bound,
 )
-from specwake.judge.weights import Change, Restore, held, restored, restores, stage_changes, worst_restore
+from specwake.judge.weights import (
+    Change,
+    Restore,
+    held,
+    misroutes,
+    restored,
+    restores,
+    stage_changes,
+    worst_restore,
+)
 from specwake.protocol import KIND_BY_VIA, PUSH_VIA
-from specwake.report.weights import change_text, restore_names, restore_text
+from specwake.report.weights import change_text, misroutes_line, restore_names, restore_text
 from specwake.results import INCOMPLETE, Push, StageResult, VariantResult
 
 MODEL_WORDS = {"target": "target", "draft": "drafter"}
@@ -108,8 +117,14 @@ def weights_reason(variant: VariantResult) -> str | None:
     the model the outcome is about was not judged (a drafter the push left out). Then, for either model, what a
     measured stage changed of what the cycle's reload, push or sync left: `the drafter's weights explain it (draft:
     1/24 tensors changed during the stage after L2 #1 (cycle 1), since reload_weights — model.norm.weight: other
-    values)`."""
+    values)`. First of all, a push or sync session that did not land on the model it addresses: `the target's
+    weights explain it (target: 9/24 tensors changed by the draft session of cycle 1, which addresses the drafter
+    alone — …)`."""
     roles = _judged_roles(variant)
+    for role in ("target", "draft") if variant.outcome == "corrupt" else ("draft", "target"):
+        missed = misroutes_line(variant.diagnostics, role, update_words(variant.push))
+        if missed is not None:
+            return f"the {MODEL_WORDS[role]}'s weights explain it ({missed})"
     for role in roles:
         worst = worst_restore(variant.diagnostics, role)
         if worst is not None:
@@ -236,6 +251,10 @@ def _explain(variant: VariantResult, tolerance: float, collapse_al: float) -> st
     if variant.outcome == "corrupt":
         restored_then_changed = diverged(stages) is None and restored(variant.diagnostics, "target") is not False
         what = "changed after its restore" if restored_then_changed and stage_change(variant) else "was not restored"
+        if restored(variant.diagnostics, "target") is not False and any(
+            m.stray for m in misroutes(variant.diagnostics, "target")
+        ):
+            what = "got an update meant for another model"
         return f"the target {what}: {_why_corrupt(variant)}; {_al_chain(stages)}{also}"
     perturbed = perturbed_models(variant.push)
     if "target" in perturbed:
@@ -271,6 +290,11 @@ def sent_line(push: Push | None) -> str | None:
 
 def _how(push: Push | None) -> str:
     return KIND_BY_VIA[push.via if push is not None else PUSH_VIA].noun
+
+
+def update_words(push: Push | None) -> str:
+    """How one model's update of this push or sync is called: `{role} push`, `{role} session`."""
+    return KIND_BY_VIA[push.via if push is not None else PUSH_VIA].update
 
 
 def _target_perturbed(variant: VariantResult, tolerance: float, collapse_al: float) -> str:

@@ -1,9 +1,11 @@
 """The one-line summaries of the workers' diagnostics that the report shows: how far each model is from fresh after
 every reload or push, and which tensors differ how ("draft: 2/11 tensors differ from fresh after reload_weights in
 cycle 2; … — model.norm.weight, model.fc.weight: other values"), what the measured stages changed of what the reload
-left ("draft: 1/24 tensors changed during the stage after L2 #1 (cycle 1), since reload_weights — …"), parameters no
-load writes, vLLM's own /weight_checker, what the emulated discard took, and device memory. Whether a model was
-restored is judge's reading (specwake.judge.weights); these only say it.
+left ("draft: 1/24 tensors changed during the stage after L2 #1 (cycle 1), since reload_weights — …"), whether each
+push or sync session landed on the model it addresses ("target: 9/24 tensors changed by the draft session of cycle 1,
+which addresses the drafter alone — …"), parameters no load writes, vLLM's own /weight_checker, what the emulated
+discard took, and device memory. Whether a model was restored is judge's reading (specwake.judge.weights); these only
+say it.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from typing import Any
 
 from specwake.judge.weights import (
     Change,
+    Misroute,
     Restore,
     at,
     kinds_text,
+    misroutes,
     restores,
     stage_changes,
     stage_parts,
@@ -105,6 +109,42 @@ def changes_line(diagnostics: Sequence[Diagnostic], role: str, stages: Sequence[
     cycles = sorted({cycle for cycle, _ in compared})
     stages_word = "stage" if len(cycles) == 1 else "stages"
     return f"{role}: 0/{total} tensors changed during the {stages_word} after {_cycles(cycles)}{since}"
+
+
+MODEL_NAMES = {"target": "target", "draft": "drafter"}
+
+
+def misroute_text(misroute: Misroute, update: str = "{role} update") -> str:
+    """`target: 9/24 tensors changed by the draft session of cycle 1, which addresses the drafter alone —
+    model.norm.weight …: other values`, or `draft: the draft session of cycle 1 changed none of its 24 tensors, 24 of
+    which differed from fresh before it: nothing it sent landed on the drafter`. `update`: how one model's update is
+    called (protocol.ReloadKind.update)."""
+    part, what = misroute.part, update.format(role=misroute.update)
+    total = sum(part.kinds.values()) or part.tensors
+    if misroute.stray:
+        own = [n for n in part.changed_names if n not in part.changed_shared]
+        how = {n: h for n, h in part.changed_how.items() if n in own}
+        names = _names_text(part.changed_own, own, how, Counter(how.values()))
+        addressed = MODEL_NAMES.get(misroute.update, misroute.update)
+        return (
+            f"{misroute.role}: {part.changed_own}/{total} tensors changed by the {what} of cycle {misroute.cycle},"
+            f" which addresses the {addressed} alone" + (f" — {names}" if names else "")
+        )
+    return (
+        f"{misroute.role}: the {what} of cycle {misroute.cycle} changed none of its {total} tensors, {misroute.before}"
+        f" of which differed from fresh before it: nothing it sent landed on the"
+        f" {MODEL_NAMES.get(misroute.role, misroute.role)}"
+    )
+
+
+def misroutes_line(diagnostics: Sequence[Diagnostic], role: str, update: str = "{role} update") -> str | None:
+    """The first push or sync session that did not land on `role` as addressed (`misroute_text`), and the other cycles
+    where one did not; None when every one did, or none was compared."""
+    found = misroutes(diagnostics, role)
+    if not found:
+        return None
+    others = sorted({m.cycle for m in found[1:]} - {found[0].cycle})
+    return misroute_text(found[0], update) + (f"; again in {_cycles(others)}" if others else "")
 
 
 def restore_names(restore: Restore) -> str:

@@ -215,22 +215,23 @@ class SpecwakeWorkerExtension:
         return self._specwake_answer(asdict(Memory(f"cuda:{device}", int(free), int(total))), answer_dir)
 
     def specwake_push(self, request: str = "{}") -> dict[str, Any]:
-        """Wake with new weights the way RL frameworks do (verl's update_weights_from_ipc): tensors pushed into the
-        live models through load_weights, not reload_weights from disk. `request` is JSON, as /collective_rpc
-        passes strings (protocol.PushRequest): {"to": ["target"] | ["target", "draft"], "chosen": {model: {"skip":
-        [names], "scale": {name: factor}}}}, the names each model's push leaves out and scales, as the CLI resolved
-        them against the manifest. The drafter goes first, the target last, so modules they share end up with the
-        target's tensors. The answer's `unmatched` lists chosen names the model's push never met (the push went
-        through without them): for the caller to report."""
+        """Wake with new weights the way RL frameworks do (verl's update_weights_from_ipc): tensors pushed into the live
+        models through load_weights, not reload_weights from disk. `request` is JSON, as /collective_rpc passes strings
+        (protocol.PushRequest): {"to": ["target"] | ["target", "draft"], "chosen": {model: {"skip": [names], "scale":
+        {name: factor}}}}, the names each model's push leaves out and scales, as the CLI resolved them against the
+        manifest, and "fault", a misrouted update planted on purpose (protocol.PUSH_FAULTS). The drafter goes first, the
+        target last, so modules they share end up with the target's tensors (specwake calls it once per model, in that
+        order). The answer's `unmatched` lists chosen names the model's push never met (the push went through without
+        them): for the caller to report."""
         spec = PushRequest.from_json(request)
         runner = self._specwake_runner()
         seen = {role: push.Seen() for role in spec.to}
         done = {}
         with vllm_config_of(runner):
             if "draft" in spec.to:
-                done["draft"] = push.push_draft(self, spec.chosen.get("draft", Chosen()), seen["draft"])
+                done["draft"] = push.push_draft(self, spec.chosen.get("draft", Chosen()), seen["draft"], spec.fault)
             if "target" in spec.to:
-                done["target"] = push.push_target(self, spec.chosen.get("target", Chosen()), seen["target"])
+                done["target"] = push.push_target(self, spec.chosen.get("target", Chosen()), seen["target"], spec.fault)
         unmatched = {
             name
             for role, chosen in spec.chosen.items()

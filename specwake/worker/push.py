@@ -2,7 +2,8 @@
 tensors pushed into the live models through load_weights / reload_weights(weights_iterator=...), not reloaded
 from disk by path. Optionally perturbed or partial (push_scale, push_skip): the tensors each model's `Chosen` names
 scaled on the way or left out, so a test can prove the drafter follows the weights it was given, or catch a push
-that gets the drafter wrong.
+that gets the drafter wrong; or misrouted on purpose (push_fault), so a test can prove a push that lands on the wrong
+model is caught.
 
 Both pushes run as vLLM runs its own weight updates, under the memory regime it sets for them. From 0.34 an
 extensible KV cache (on by default on CUDA) caps torch's memory after warmup (`set_torch_memory_limit`,
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from specwake.protocol import Chosen
+from specwake.protocol import DRAFT_TO_TARGET, EMPTY_DRAFT, TARGET_ALSO_TO_DRAFT, Chosen
 from specwake.worker.finders import find_draft, find_target
 
 
@@ -75,33 +76,45 @@ def weight_update_room(worker: Any, model: torch.nn.Module) -> contextlib.Abstra
     )
 
 
-def push_draft(worker: Any, chosen: Chosen, seen: Seen) -> str:
+def push_draft(worker: Any, chosen: Chosen, seen: Seen, fault: str | None = None) -> str:
     """Push the drafter's checkpoint tensors into the live drafter by the rules vLLM's draft reload follows
     (specwake.worker.draft_load, the very file the reference fix adds to vLLM): target modules shared into the drafter
     unbound while it loads, a tied head refilled, fused buffers rebuilt in place, attention scales kept. A plain
     load_weights fails on CPU, where weights were repacked after the first load, and crashes a Gemma4 drafter. Runs
-    inside the room vLLM makes for a weight update of the drafter (weight_update_room)."""
+    inside the room vLLM makes for a weight update of the drafter (weight_update_room). A planted `fault`
+    (protocol.PUSH_FAULTS) misroutes it: the drafter's tensors pushed into the target (DRAFT_TO_TARGET), or none
+    pushed at all (EMPTY_DRAFT)."""
     from vllm.model_executor.model_loader import get_model_loader
-
-    from specwake.worker.draft_load import load_draft_weights_inplace
 
     runner = worker.model_runner
     config = runner.vllm_config
     draft, spec = find_draft(runner), config.speculative_config
     if draft is None or spec is None or spec.draft_model_config is None:
         return "no separate drafter"
+    if fault == EMPTY_DRAFT:
+        return "pushed nothing (planted: empty-draft)"
     try:
         from vllm.model_executor.model_loader.utils import get_draft_load_config
 
         load_config = get_draft_load_config(config)
     except ImportError:
         load_config = config.load_config
-    weights = _all_weights(get_model_loader(load_config))(spec.draft_model_config, draft)
+    weights = sent(_all_weights(get_model_loader(load_config))(spec.draft_model_config, draft), chosen, seen)
+    if fault == DRAFT_TO_TARGET:
+        worker.reload_weights(weights_iterator=weights)
+        return "pushed into the target (planted: draft-to-target)"
+    return "pushed: " + _into_draft(worker, weights)
+
+
+def _into_draft(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> str:
+    """Load `weights` into the live drafter in place (load_draft_weights_inplace), in vLLM's room for its update."""
+    from specwake.worker.draft_load import load_draft_weights_inplace
+
+    runner = worker.model_runner
+    draft, spec = find_draft(runner), runner.vllm_config.speculative_config
+    assert draft is not None and spec is not None  # the callers looked
     with weight_update_room(worker, draft):
-        done = load_draft_weights_inplace(
-            draft, find_target(runner), spec.draft_model_config, sent(weights, chosen, seen)
-        )
-    return "pushed: " + done
+        return load_draft_weights_inplace(draft, find_target(runner), spec.draft_model_config, weights)
 
 
 def _all_weights(loader: Any) -> Any:
@@ -111,14 +124,19 @@ def _all_weights(loader: Any) -> Any:
     return get_all
 
 
-def push_target(worker: Any, chosen: Chosen, seen: Seen) -> str:
+def push_target(worker: Any, chosen: Chosen, seen: Seen, fault: str | None = None) -> str:
     """Push the target's checkpoint tensors as an RL trainer does: the worker's own
     reload_weights(weights_iterator=...), which takes vLLM's room for the update itself (0.34) and runs the runner's
-    layerwise reload under the worker's config."""
+    layerwise reload under the worker's config. A planted TARGET_ALSO_TO_DRAFT fault pushes them into the drafter
+    as well."""
     from vllm.model_executor.model_loader import get_model_loader
 
     runner = worker.model_runner
     config = runner.vllm_config
     weights = _all_weights(get_model_loader(config.load_config))(config.model_config, runner.get_model())
     worker.reload_weights(weights_iterator=sent(weights, chosen, seen))
+    if fault == TARGET_ALSO_TO_DRAFT and find_draft(runner) is not None:
+        again = _all_weights(get_model_loader(config.load_config))(config.model_config, runner.get_model())
+        _into_draft(worker, sent(again, chosen, Seen()))
+        return "pushed, and into the drafter too (planted: target-also-to-draft)"
     return "pushed"

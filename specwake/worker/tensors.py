@@ -187,7 +187,7 @@ def fingerprint(
     tensors that differ (each with how: specwake.worker.digest) and those now at another address (moved); bit for bit,
     but those in `inexact`, compared by their projections within rounding (`inexact()`). `since`: another earlier
     reading (right after a cycle's reload), compared alike: the tensors `changed` since, uncovered ones included,
-    with how. `packed`:
+    with how (`changed_shared`: those of them at an address in `exclude`). `packed`:
     (modules computing from a packed CPU copy, those whose copy is still discarded). `uncovered`: parameters no load
     writes (specwake.worker.coverage): compared apart, never counted in `differ`. A parameter the CPU build packed is
     judged by what the forward reads: the packed copy, read back (specwake.worker.packed), stands in for a parameter
@@ -203,6 +203,7 @@ def fingerprint(
     moved: list[str] = []
     uncovered_differ: list[str] = []
     changed: dict[str, str] = {}  # name → how it differs from `since`
+    shared_changed: list[str] = []  # those of them the model shares with the target (the target's to judge)
     resident: set[str] = set()
     copies: dict[str, list[PackedCopy]] = {}
     for copy in packed_copies(model):
@@ -246,6 +247,7 @@ def fingerprint(
         if since is not None and entry.name in since:
             how = differs(reading.parts, since[entry.name][0], exact=entry.name not in inexact)
             changed |= {entry.name: how} if how else {}
+            shared_changed += [entry.name] if how and reading.address in exclude else []
     found = Fingerprint(
         version=FINGERPRINT_VERSION,
         model_class=type(model).__name__,
@@ -292,7 +294,8 @@ def fingerprint(
     if since is not None:
         changed |= dict.fromkeys(sorted(set(since) - resident), GONE)
         names = list(changed)[:NAMES_KEPT]
-        found = replace(found, changed=len(changed), changed_names=names, changed_how={n: changed[n] for n in names})
+        found = replace(found, changed=len(changed), changed_names=names, changed_how={n: changed[n] for n in names},
+                        changed_shared=shared_changed)  # fmt: skip
     return found.to_dict()
 
 

@@ -109,6 +109,10 @@ class SessionSources:
         self._resolve = resolve
         self._known: dict[int, tuple[Any, tuple[WeightFiles, ...]]] = {}  # id(model) → (model, its sources)
 
+    def resolved(self) -> tuple[WeightFiles, ...]:
+        """Every source resolved so far, of any model."""
+        return tuple(source for _, sources in self._known.values() for source in sources)
+
     def of(self, model: Any, model_config: Any) -> tuple[WeightFiles, ...]:
         known = self._known.get(id(model))
         if known is None or known[0] is not model:
@@ -175,9 +179,10 @@ def _engine_class() -> type:
         def receive_weights(self, update_info: Any) -> None:
             from safetensors import safe_open
 
-            # Only the session model's own checkpoint: the path comes over HTTP.
+            # Only a checkpoint of a model this server loaded (the path comes over HTTP): the session model's own, or
+            # the other model's that a trainer may send it by mistake (a planted push_fault does)
             file = str(Path(update_info.file).resolve())
-            sources = self.sources.of(self.model, self.model_config)
+            sources = (*self.sources.of(self.model, self.model_config), *self.sources.resolved())
             if not any(s.prefix == update_info.prefix and file in s.files for s in sources):
                 raise ValueError(
                     f"{update_info.file} (prefix {update_info.prefix!r}) is not a checkpoint file of"

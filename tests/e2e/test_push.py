@@ -53,8 +53,8 @@ def test_a_full_push_recovers_and_a_target_only_push_collapses(run: dict[str, An
         for stage in v["stages"][1:]:
             assert stage["outputs_match_fresh"] is True and stage["first_difference"] is None
             assert stage["max_logprob_drift"] is not None and stage["max_logprob_drift"] < 1e-3
-        pushes = [s for s in v["steps"] if s["name"] == "push"]
-        assert len(pushes) == 2 and all(s["ok"] for s in pushes)
+        pushes = [s for s in v["steps"] if s["name"] == "push"]  # one per model pushed, in each of the 2 cycles
+        assert len(pushes) == 2 * len(v["push"]["to"]) and all(s["ok"] for s in pushes)
 
 
 def test_a_perturbed_push_changes_the_output_and_keeps_al(run: dict[str, Any]) -> None:
@@ -96,3 +96,64 @@ def test_a_push_that_scales_the_drafter_alone_keeps_the_output_and_is_judged_by_
     line = next(ln for ln in report.splitlines() if ln.startswith("- **drafter-off**: degraded"))
     assert "the push scaled draft:model.norm.weight ×1.05 (1 drafter tensor): the drafter's weights differ" in line
     assert "as speculative decoding guarantees" in line and "did not" not in line
+
+
+def pushed_updates(v: dict[str, Any]) -> list[tuple[int, str, str]]:
+    """(cycle, point, model addressed) of every fingerprint taken after one model's push."""
+    return [(d["cycle"], d["point"], d["update"]) for d in v["diagnostics"] if d.get("update")]
+
+
+def test_each_models_push_is_judged_on_its_own_and_a_right_one_lands_on_its_model_alone(run: dict[str, Any]) -> None:
+    """Both models fingerprinted before the pushes and after each: the drafter's push changes the drafter alone, the
+    target's the target alone; a frozen drafter (kept across the sleep, the target pushed alone) stays bit-identical."""
+    both = variant(run, "cpu-push-draft-model", "target-and-draft")
+    assert pushed_updates(both) == [
+        (c, p, m) for c in (1, 2) for p, m in (("after update", "draft"), ("after push", "target"))
+    ]
+    for d in (d for d in both["diagnostics"] if d.get("update")):
+        other = "target" if d["update"] == "draft" else "draft"
+        assert all(rank[other]["changed"] == 0 and rank[d["update"]]["changed"] > 0 for rank in d["fingerprints"])
+    frozen = variant(run, "cpu-push-draft-model", "frozen-drafter")
+    assert frozen["outcome"] == "recover" and pushed_updates(frozen) == [
+        (1, "after push", "target"),
+        (2, "after push", "target"),
+    ]
+    assert all(
+        rank["draft"]["changed"] == 0 for d in frozen["diagnostics"] if d.get("update") for rank in d["fingerprints"]
+    )
+
+
+def test_a_draft_push_routed_to_the_target_is_caught_and_named(run: dict[str, Any]) -> None:
+    """The drafter's checkpoint pushed into the target (push_fault = "draft-to-target"): the target's own push
+    overwrites it right after, so the restore point sees a target as fresh; the fingerprint after the drafter's push
+    names it."""
+    v = variant(run, "cpu-push-draft-model", "draft-to-target")
+    assert v["push"]["fault"] == "draft-to-target" and v["outcome"] == "corrupt"
+    assert all(
+        rank["target"]["differ"] == 0
+        for d in v["diagnostics"]
+        if d["point"] == "after push"
+        for rank in d["fingerprints"]
+    )
+    draft_push = next(d for d in v["diagnostics"] if d.get("update") == "draft")
+    assert (
+        draft_push["fingerprints"][0]["target"]["changed"] > 0
+        and draft_push["fingerprints"][0]["draft"]["changed"] == 0
+    )
+    report = (run["dir"] / "cpu-push-draft-model" / "report.md").read_text()
+    line = next(ln for ln in report.splitlines() if ln.startswith("- **draft-to-target**: corrupt"))
+    assert "the target got an update meant for another model" in line
+    assert "tensors changed by the draft push of cycle 1, which addresses the drafter alone — model." in line
+    assert "- draft: the draft push of cycle 1 changed none of its" in report
+
+
+def test_a_target_push_that_touches_a_frozen_drafter_is_caught_while_al_holds(run: dict[str, Any]) -> None:
+    """The target's checkpoint pushed into the frozen drafter too (push_fault = "target-also-to-draft"): the drafter is
+    then the target's own network, so AL stays at 4.00 and the outputs as fresh; only the fingerprint sees it."""
+    v = variant(run, "cpu-push-draft-model", "frozen-drafter-touched")
+    assert v["push"]["fault"] == "target-also-to-draft" and v["outcome"] == "degraded"
+    assert all(s["acceptance_length"] == 4.0 and s["outputs_match_fresh"] is True for s in v["stages"][1:])
+    report = (run["dir"] / "cpu-push-draft-model" / "report.md").read_text()
+    line = next(ln for ln in report.splitlines() if ln.startswith("- **frozen-drafter-touched**: degraded"))
+    assert "the drafter's weights explain it (draft: " in line
+    assert "tensors changed by the target push of cycle 1, which addresses the target alone — model." in line

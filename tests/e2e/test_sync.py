@@ -139,3 +139,35 @@ def test_a_drafter_synced_slightly_wrong_is_caught_while_al_and_outputs_hold(run
     assert "the sync scaled draft:model.mtp_layers.0.final_layernorm.weight ×1.05 (1 drafter tensor)" in line
     assert "the drafter's weights differ from fresh" in line and "as speculative decoding guarantees" in line
     assert "did not" not in line
+
+
+def test_a_draft_session_routed_to_the_target_is_caught_and_named(run: dict[str, Any]) -> None:
+    """The draft session opened with /start_weight_update (push_fault = "draft-to-target", verl-SpeCo#78): the
+    drafter's tensors land on the target, and the drafter gets none."""
+    v = variant(run, "cpu-sync-draft-model", "draft-to-target")
+    assert v["push"]["fault"] == "draft-to-target" and v["outcome"] == "corrupt"
+    starts = [s["name"] for s in v["steps"] if s["cycle"] == 1 and s["name"].startswith("start_")]
+    assert starts == ["start_weight_update", "start_weight_update"]  # no draft session at all
+    draft_session = next(d for d in v["diagnostics"] if d.get("update") == "draft")
+    assert draft_session["point"] == SYNC_POINT
+    assert (
+        draft_session["fingerprints"][0]["target"]["changed"] > 0
+        and draft_session["fingerprints"][0]["draft"]["changed"] == 0
+    )
+    report = (run["dir"] / "cpu-sync-draft-model" / "report.md").read_text()
+    line = next(ln for ln in report.splitlines() if ln.startswith("- **draft-to-target**: corrupt"))
+    assert "tensors changed by the draft session of cycle 1, which addresses the drafter alone — model." in line
+    assert "- draft: the draft session of cycle 1 changed none of its" in report
+
+
+def test_an_empty_draft_session_is_named(run: dict[str, Any]) -> None:
+    """A draft session started and finished with no tensors (push_fault = "empty-draft"): the drafter stays
+    discarded, AL collapses, and the report names the session."""
+    v = variant(run, "cpu-sync-draft-model", "empty-draft")
+    assert v["push"]["fault"] == "empty-draft" and v["outcome"] == "collapse"
+    names = collapse_runs([s["name"] for s in v["steps"] if s["cycle"] == 2])
+    assert names[names.index("start_draft_weight_update") + 1] == "finish_weight_update"  # no update_weights between
+    report = (run["dir"] / "cpu-sync-draft-model" / "report.md").read_text()
+    line = next(ln for ln in report.splitlines() if ln.startswith("- **empty-draft**: collapse"))
+    assert "(draft: the draft session of cycle 1 changed none of its" in line
+    assert "nothing it sent landed on the drafter; again in cycle 2" in line

@@ -194,10 +194,18 @@ def test_a_push_replaces_reload_weights_at_either_level() -> None:
     request = push.to_json()
     assert json.loads(request) == {"to": ["target", "draft"], "scale": {"model.x.weight": 2.0}}
     l2 = cycle_steps(2, emulate_discard=True, push=push)
-    assert [s.name for s in l2] == ["sleep", "discard", "wake_weights", "push", "wake_kv_cache", "reset_prefix_cache"]
-    assert l2[3].rpc == "specwake_push" and l2[3].rpc_kwargs == (("request", request),)
+    pushes = ["push", "push"]  # one call per model: the drafter's, then the target's
+    assert [s.name for s in l2] == ["sleep", "discard", "wake_weights", *pushes, "wake_kv_cache", "reset_prefix_cache"]
+    assert [s.rpc for s in l2[3:5]] == ["specwake_push"] * 2
+    assert [s.rpc_kwargs for s in l2[3:5]] == [
+        (("request", replace(push, to=(role,)).to_json()),) for role in ("draft", "target")
+    ]
+    # both models fingerprinted before the first update and after each; the last one's point is the restore point
+    assert [(s.point, s.addresses) for s in l2[2:5]] == [
+        (protocol.BEFORE_UPDATE, None), (protocol.UPDATE_POINT, "draft"), ("after push", "target"),
+    ]  # fmt: skip
     l1 = cycle_steps(1, emulate_discard=True, push=push)  # L1 keeps its weights: nothing to discard
-    assert [s.name for s in l1] == ["sleep", "wake_weights", "push", "wake_kv_cache", "reset_prefix_cache"]
+    assert [s.name for s in l1] == ["sleep", "wake_weights", *pushes, "wake_kv_cache", "reset_prefix_cache"]
     assert l1[0].params == (("level", "1"),)
 
 
@@ -242,7 +250,7 @@ def test_a_target_only_sync_collapses_and_a_full_one_recovers_on_the_mock() -> N
         points: list[str] = []
         steps, fault = run_cycle(
             client, 1, level=2, emulate_discard=True, step_timeout_s=5, push=replace(SYNC, to=to), chunks=CHUNKS,
-            on_step=lambda result, point, seen=points: seen.append(point),
+            on_step=lambda result, point, update, seen=points: seen.append(point),
         )  # fmt: skip
         assert fault is None and all(s.ok for s in steps)
         assert [role for role, _ in server.updates] == ["target", "target", "draft"][: 2 + len(to) - 1]

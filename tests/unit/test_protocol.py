@@ -3,6 +3,7 @@ worker writes and what older result files hold."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from specwake import protocol
@@ -12,7 +13,8 @@ from specwake.results import Push
 
 def test_the_step_table_gives_the_probe_points_the_restore_points_and_the_wake() -> None:
     restore = ("after reload_weights", "after push", "after weight sync")
-    assert protocol.FINGERPRINT_POINTS == {"after fresh", "after discard", *restore, "after stage"}
+    updates = {"before update", "after update"}  # around each model's push or sync session
+    assert protocol.FINGERPRINT_POINTS == {"after fresh", "after discard", *restore, "after stage", *updates}
     awake = {"after wake_weights", *restore, "after wake_kv_cache"}
     assert protocol.MEMORY_POINTS == {"before sleep", "after sleep", *awake}
     assert protocol.RESTORE_POINTS == restore
@@ -31,6 +33,12 @@ def test_a_push_request_travels_as_json_and_back() -> None:
     sync = Push.of(PushRequest(("target",), via=protocol.SYNC_VIA))
     assert sync.to_dict()["via"] == "weight_transfer" and Push.from_dict(sync.to_dict()) == sync and sync.syncs
     assert PushAnswer.from_dict({"pushed": {"target": "pushed"}, "scaled": [], "extra": 1}).unmatched == []
+    # a planted misroute travels to the worker and is kept in results; a push without one reads as before
+    planted = PushRequest(("target", "draft"), fault=protocol.DRAFT_TO_TARGET)
+    assert PushRequest.from_json(planted.to_json()) == planted
+    assert json.loads(planted.to_json())["fault"] == "draft-to-target"
+    kept = Push.of(planted)
+    assert kept.to_dict()["fault"] == "draft-to-target" and Push.from_dict(kept.to_dict()) == kept
 
 
 def test_a_fingerprint_reads_back_what_it_wrote_and_old_results_too() -> None:

@@ -49,7 +49,8 @@ def test_a_kind_is_a_scenario_value_with_its_keys_and_no_others(tmp_path: Path, 
     s = load(tmp_path, kind)
     assert s.cycle.reload_kind is kind
     for key in PUSH_KEYS:
-        value = "['target']" if key != "push_scale" else "{'lm_head.weight' = 2.0}"
+        values = {"push_scale": "{'lm_head.weight' = 2.0}", "push_fault": "'target-also-to-draft'"}
+        value = values.get(key, "['target']")
         text = f"{key} = {value}\n"
         if key in kind.keys:
             load(tmp_path, kind, text)

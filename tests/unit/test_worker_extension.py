@@ -216,7 +216,7 @@ def test_a_push_sends_each_model_what_was_chosen_for_it_and_names_what_it_never_
     pushed: dict[str, list[tuple[str, float]]] = {}
 
     def pusher(role: str) -> Any:
-        def push_model(runner: Any, chosen: Any, seen: push.Seen) -> str:
+        def push_model(runner: Any, chosen: Any, seen: push.Seen, fault: str | None) -> str:
             # what the real push does with the checkpoint: stream it through `sent`
             checkpoint = iter([("model.norm.weight", torch.ones(2)), ("lm_head.weight", torch.ones(2))])
             pushed[role] = [(name, float(t.sum())) for name, t in push.sent(checkpoint, chosen, seen)]

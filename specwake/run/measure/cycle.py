@@ -2,16 +2,18 @@
 
 Level 2: sleep → [emulated discard, by the rules of a named vLLM release] → wake weights → reload_weights → wake
 kv_cache → reset prefix cache.
-With a push (RL trainers' weight update) the reload is specwake_push, at either level; with a sync through vLLM's
-weight-transfer API it is [init_weight_transfer_engine, first cycle only] → per model (target, then drafter):
-start → update_weights per chunk → finish. Level 1 without either wakes everything at once (its weights were
-offloaded, not discarded).
+With a push (RL trainers' weight update) the reload is specwake_push, one call per model (drafter, then target), at
+either level; with a sync through vLLM's weight-transfer API it is [init_weight_transfer_engine, first cycle only] →
+per model (target, then drafter): start → update_weights per chunk → finish. Both models are fingerprinted before the
+first model's update and after each (protocol.BEFORE_UPDATE, UPDATE_POINT), each update's step naming the model it
+addresses. A variant's push_fault plants a misrouted update here (a sync) or in the worker (a push). Level 1 without
+either wakes everything at once (its weights were offloaded, not discarded).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specwake import protocol
@@ -30,6 +32,11 @@ class Step:
     rpc_kwargs: tuple[tuple[str, str], ...] = ()
     body: Any = None  # a JSON body (the weight-transfer calls)
     ends_sync: bool = False  # the last step of a weight sync: its weights are judged after it
+    # The step that ends one model's push or sync session: the model the update addresses (as the trainer meant it,
+    # wherever a planted fault sends it), and whether it is the cycle's last update (its restore point follows)
+    addresses: str | None = None
+    last_update: bool = False
+    before_update: bool = False  # the wake right before a push or sync: both models are fingerprinted after it
 
     @property
     def name(self) -> str:
@@ -38,6 +45,10 @@ class Step:
     @property
     def point(self) -> str:
         """The probe point after this step."""
+        if self.before_update:
+            return protocol.BEFORE_UPDATE
+        if self.addresses is not None and not self.last_update:
+            return protocol.UPDATE_POINT
         return protocol.SYNC_POINT if self.ends_sync else self.kind.point
 
     @property
@@ -75,7 +86,7 @@ def cycle_steps(
     if emulate_discard and level == 2:
         chosen = (("rules", rules),) if rules is not None else ()
         steps.append(Step(protocol.DISCARD_STEP, rpc_kwargs=(("fill", fill), *chosen)))
-    steps.append(Step(protocol.WAKE_WEIGHTS, (("tags", "weights"),)))
+    steps.append(Step(protocol.WAKE_WEIGHTS, (("tags", "weights"),), before_update=push is not None))
     kind = protocol.KIND_BY_VIA[push.via if push is not None else None]
     steps += RESTORE_STEPS[kind.name](push, cycle, chunks)
     return [*steps, Step(protocol.WAKE_KV_CACHE, (("tags", "kv_cache"),)), reset]
@@ -90,26 +101,42 @@ def reload_steps(push: PushRequest | None, cycle: int, chunks: Chunks | None) ->
 
 
 def push_steps(push: PushRequest | None, cycle: int, chunks: Chunks | None) -> list[Step]:
-    """specwake's push: the checkpoint's tensors loaded into the live models, as RL trainers did."""
+    """specwake's push: the checkpoint's tensors loaded into the live models, as RL trainers did, one call per model
+    (protocol.PUSH_ORDER), so that each model's update is judged on its own."""
     assert push is not None
-    return [Step(protocol.PUSH_STEP, rpc_kwargs=(("request", push.to_json()),))]
+    roles = [r for r in protocol.PUSH_ORDER if r in push.to]
+    return [
+        Step(protocol.PUSH_STEP, rpc_kwargs=(("request", replace(push, to=(role,)).to_json()),), addresses=role,
+             last_update=role == roles[-1])
+        for role in roles
+    ]  # fmt: skip
 
 
 def sync_steps(push: PushRequest | None, cycle: int, chunks: Chunks | None) -> list[Step]:
     """A weight sync as RL frameworks run it (SkyRL, vime): the transfer engine initialized once, then one session
-    per model, the target's first."""
+    per model, the target's first. A planted push_fault misroutes one: the drafter's tensors sent in a target session
+    (DRAFT_TO_TARGET), a draft session that sends none (EMPTY_DRAFT), or the target's sent in a draft session as well
+    (TARGET_ALSO_TO_DRAFT); the session still counts as the update of the model it was meant for."""
     assert push is not None
     steps = [Step(protocol.INIT_TRANSFER, body={"init_info": {}})] if cycle == 1 else []
-    for role in (r for r in protocol.ROLES if r in push.to):
-        start = protocol.START_DRAFT_UPDATE if role == "draft" else protocol.START_UPDATE
+    sessions = []  # (the model addressed, the session's start, the chunks it sends)
+    for role in (r for r in protocol.SYNC_ORDER if r in push.to):
         # `chunks` None: a description (`check`), one call stands for all; a session left with none sends nothing
         sent = [TransferChunk(role, "…", ())] if chunks is None else chunks.get(role, [])
+        start = protocol.START_DRAFT_UPDATE if role == "draft" else protocol.START_UPDATE
+        if role == "draft" and push.fault == protocol.DRAFT_TO_TARGET:
+            start = protocol.START_UPDATE
+        sent = [] if role == "draft" and push.fault == protocol.EMPTY_DRAFT else sent
+        sessions.append((role, start, sent))
+        if role == "target" and push.fault == protocol.TARGET_ALSO_TO_DRAFT:
+            sessions.append((role, protocol.START_DRAFT_UPDATE, sent))
+    for i, (role, start, sent) in enumerate(sessions):
+        last = i == len(sessions) - 1
         steps += [
             Step(start),
             *(Step(protocol.UPDATE_WEIGHTS, body={"update_info": chunk.update_info()}) for chunk in sent),
-            Step(protocol.FINISH_UPDATE),
+            Step(protocol.FINISH_UPDATE, ends_sync=last, addresses=role, last_update=last),
         ]
-    steps[-1] = Step(protocol.FINISH_UPDATE, ends_sync=True)
     return steps
 
 
@@ -143,14 +170,14 @@ def run_cycle(
     discard_rules: str | None = None,
     push: PushRequest | None = None,
     chunks: dict[str, list[TransferChunk]] | None = None,
-    on_step: Callable[[StepResult, str], None] | None = None,
+    on_step: Callable[[StepResult, str, str | None], None] | None = None,
     host_rss: Callable[[], int | None] = lambda: None,
     vllm_seconds: Callable[[StepKind], float | None] = lambda kind: None,
 ) -> tuple[list[StepResult], ServerFault | None]:
     """Run every step in order; stop at the first failed one and return it as the fault. `host_rss` is read
     after every step (the wake ledger), `vllm_seconds` too: vLLM's own timing of the call, where it keeps one.
     `discard_rules`: the release whose L2 sleep an emulated discard follows (None: the worker's vLLM's). `on_step`
-    gets each result and the probe point after it."""
+    gets each result, the probe point after it, and the model the update it ends addresses (None for other steps)."""
     results: list[StepResult] = []
     for step in cycle_steps(level, emulate_discard, fill, push, cycle=cycle, chunks=chunks, rules=discard_rules):
         fault: ServerFault | None = None
@@ -200,7 +227,7 @@ def run_cycle(
             )
         results.append(result)
         if on_step is not None:
-            on_step(result, step.point)
+            on_step(result, step.point, step.addresses)
         if fault is not None:
             return results, fault
     return results, None

@@ -62,13 +62,21 @@ class Fanout:
         return [a["answer"] for a in left], indices
 
 
-def fingerprint_kwargs(point: str, inexact: dict[str, str] | None = None) -> dict[str, Any]:
+def fingerprint_kwargs(point: str, inexact: dict[str, str] | None = None, update: str | None = None) -> dict[str, Any]:
     """The worker's fingerprint arguments at `point`: at `after fresh` keep the readings, and which tensors are
     inexact (the scenario's cycle.inexact_tensors, glob → why); later, compare with them. After a reload, push or
     sync keep the readings too, as the cycle's `restored` ones; after the stage that follows, compare with those as
-    well: what the stage's own forwards changed."""
+    well: what the stage's own forwards changed. Before a push or sync keep the readings as `updating`; after each
+    model's update (`update`: the model it addresses) compare with them, what the update changed, and keep the new
+    ones for the next update."""
     if point == protocol.FRESH_POINT:
         return {"save_as": protocol.FRESH} | ({"inexact_tensors": inexact} if inexact else {})
+    if point == protocol.BEFORE_UPDATE:
+        return {"compare_to": protocol.FRESH, "save_as": protocol.UPDATING}
+    if point == protocol.UPDATE_POINT:
+        return {"compare_to": protocol.FRESH, "save_as": protocol.UPDATING, "changed_since": protocol.UPDATING}
+    if point in protocol.RESTORE_POINTS and update:
+        return {"compare_to": protocol.FRESH, "save_as": protocol.RESTORED, "changed_since": protocol.UPDATING}
     if point in protocol.RESTORE_POINTS:
         return {"compare_to": protocol.FRESH, "save_as": protocol.RESTORED}
     if point == protocol.STAGE_POINT:
@@ -84,19 +92,20 @@ def take(
     timeout: float,
     fanout: Fanout = Fanout(),
     inexact: dict[str, str] | None = None,
+    update: str | None = None,
 ) -> Diagnostic | None:
     """Ask every worker for what this point calls for; None when the point needs nothing. `inexact`: the scenario's
-    cycle.inexact_tensors.
+    cycle.inexact_tensors; `update`: the model the push or sync session that ends at this point addresses.
 
     A failing diagnostic is recorded, never raised: the cycle's own steps decide whether the server is broken.
     """
     wants_fp, wants_mem = point in protocol.FINGERPRINT_POINTS, point in protocol.MEMORY_POINTS
     if not (wants_fp or wants_mem):
         return None
-    answers: dict[str, Any] = {"cycle": cycle, "point": point}
+    answers: dict[str, Any] = {"cycle": cycle, "point": point} | ({"update": update} if update else {})
     try:
         if wants_fp:
-            kwargs = fingerprint_kwargs(point, inexact)
+            kwargs = fingerprint_kwargs(point, inexact, update)
             found, engines = fanout.results(client, protocol.FINGERPRINT, timeout=timeout, kwargs=kwargs)
             answers |= {"fingerprints": found, "engines": list(engines)}
         if wants_mem:

@@ -27,7 +27,7 @@ from specwake.judge.verdict import (
     speed_rule,
     worst,
 )
-from specwake.judge.weights import held, restored
+from specwake.judge.weights import held, landed, restored
 from specwake.prepare.plan import redact_env
 from specwake.prepare.releases import TESTED_RELEASES
 from specwake.prepare.scenario import Scenario
@@ -68,7 +68,8 @@ def push_of(scenario: Scenario, prep: PreparedVariant) -> PushRequest | None:
     via = scenario.cycle.reload_kind.via
     if via is None:
         return None
-    return PushRequest(prep.variant.push_to, dict(prep.variant.push_scale), via, prep.variant.push_skip)
+    variant = prep.variant
+    return PushRequest(variant.push_to, dict(variant.push_scale), via, variant.push_skip, fault=variant.push_fault)
 
 
 def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantRecord) -> VariantResult:
@@ -94,6 +95,8 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
                 sleep_ignored=sleep_ignored(variant.level, prep.l2_discard, push is not None),
                 target_held=held(diagnostics, "target"),
                 draft_held=held(diagnostics, "draft"),
+                target_landed=landed(diagnostics, "target"),
+                draft_landed=landed(diagnostics, "draft"),
             )
 
         # With data parallelism each engine is judged on its own counters and its own ranks' fingerprints, and the

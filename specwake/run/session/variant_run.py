@@ -376,11 +376,11 @@ class VariantRun:
         al = f"void (the counters disagree: {result.counters_disagree})" if result.counters_disagree else al
         self.say(f"{label}: AL {al}, {result.tok_s_median or 0:.1f} tok/s (median); {result.stopped}")
 
-    def _diagnose(self, client: VllmClient, cycle: int, point: str) -> None:
+    def _diagnose(self, client: VllmClient, cycle: int, point: str, update: str | None = None) -> None:
         t0 = self.clock()
         entry = diagnose.take(
             client, cycle, point, timeout=self.scenario.cycle.step_timeout_s, fanout=self.fanout,
-            inexact=self.scenario.cycle.inexact_tensors,
+            inexact=self.scenario.cycle.inexact_tensors, update=update,
         )  # fmt: skip
         if entry is not None:
             self.record.diagnostics.append(entry)
@@ -409,11 +409,11 @@ class VariantRun:
         self.say(f"L{level} cycle #{k}")
         self._diagnose(client, k, protocol.BEFORE_SLEEP)
 
-        def after_step(step: StepResult, point: str) -> None:
+        def after_step(step: StepResult, point: str, update: str | None) -> None:
             self.phase = f"L{level} cycle #{k} {step.name}"
             self._timed("cycle_steps", step.seconds)
             if step.ok:
-                self._diagnose(client, k, point)
+                self._diagnose(client, k, point, update)
                 if point == protocol.SYNC_POINT and self.sync is not None:
                     self._checker(client, self.sync, k)
 
