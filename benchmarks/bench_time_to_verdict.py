@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from typing import Any
 from specwake.judge.stats import summarize
 from specwake.prepare.plan import ENV_ALLOW, ENV_ALLOW_PREFIXES
 from specwake.run.server.server import Server, ServerSpec, free_port
+from specwake.run.server.warm import WarmStarts
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "bench-time-to-verdict"
@@ -149,30 +151,38 @@ def recorded_server(variant: dict[str, Any], base_env: dict[str, str], logs: Pat
     env = {k: v for k, v in base_env.items() if k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)}
     env.update(variant.get("env") or {})
     cores = tuple(variant.get("info", {}).get("cores") or ())
-    return ServerSpec(argv, env, 0, logs / f"{variant['name']}.log", startup_timeout_s=900.0, cpus=cores)
+    warm = variant.get("info", {}).get("start") == "warm"  # forked from a warm launcher, as the run did
+    return ServerSpec(argv, env, 0, logs / f"{variant['name']}.log", startup_timeout_s=900.0, cpus=cores, warm=warm)
 
 
-def on_free_port(spec: ServerSpec) -> Server:
+def on_free_port(spec: ServerSpec, warm_starts: WarmStarts) -> Server:
     port = free_port()
     argv = list(spec.argv)
     argv[argv.index("--port") + 1] = str(port)
-    return Server(ServerSpec(argv, spec.env, port, spec.log_path, spec.startup_timeout_s, cpus=spec.cpus))
+    again = ServerSpec(argv, spec.env, port, spec.log_path, spec.startup_timeout_s, cpus=spec.cpus, warm=spec.warm)
+    return Server(again, warm_starts=warm_starts)
 
 
 def floor_seconds(specs: Sequence[ServerSpec], side_by_side: bool) -> float:
-    """Wall time to start `specs` (all at once, or one after another), wait until each is ready, and stop them."""
+    """Wall time to start `specs` (all at once, or one after another), wait until each is ready, and stop them. Those
+    the run forked warm are forked from launchers of the floor's own, which import as the run's did."""
     started = time.monotonic()
     batches = [list(specs)] if side_by_side else [[spec] for spec in specs]
-    for batch in batches:
-        servers = [on_free_port(spec) for spec in batch]
-        try:
-            for server in servers:
-                server.start()
-            for server in servers:
-                server.wait_ready()
-        finally:
-            for server in servers:
-                server.stop()
+    warm_starts = WarmStarts()
+    try:
+        for batch in batches:
+            servers = [on_free_port(spec, warm_starts) for spec in batch]
+            try:
+                # at once, as the run's jobs start them: a warm start waits for its launcher's imports in start()
+                with ThreadPoolExecutor(max_workers=len(servers)) as pool:
+                    list(pool.map(Server.start, servers))
+                for server in servers:
+                    server.wait_ready()
+            finally:
+                for server in servers:
+                    server.stop()
+    finally:
+        warm_starts.close()
     return time.monotonic() - started
 
 
