@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.fakeengine import FakeEngine, kill_survivors, make_fake_engine
+from tests.helpers.fakeengine import WARM_SWITCH, FakeEngine, kill_survivors, make_fake_engine
 from tests.helpers.procs import assert_no_leftover_processes
 
 TIERS = ("unit", "component", "e2e")
@@ -80,8 +80,10 @@ def leak_check(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngine]:
     """A fake engine under tmp_path; after the test nothing it started may still run (killed and reported
     otherwise). In-process CLI calls get the private cache tmp_path/cache, the one `run_cli`/`cli_env` pass to
-    subprocesses, so a test's cache is the same whichever way it runs specwake."""
+    subprocesses, so a test's cache is the same whichever way it runs specwake, and start their servers cold as
+    `cli_env` has them (a warm launcher would live as long as the test session: tests/component/test_warm_start.py)."""
     monkeypatch.setenv("SPECWAKE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(WARM_SWITCH, "0")
     fake = make_fake_engine(tmp_path)
     yield fake
     assert kill_survivors(fake) == [], "a server started by specwake survived the test"
