@@ -22,7 +22,9 @@ COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # vLLM colours its log prefix on a termi
 # seconds" (vLLM 0.32 and 0.33: vllm/v1/worker/gpu_model_runner.py, the V1 runner, and vllm/v1/worker/gpu/
 # model_runner.py, the V2 runner, which CPU servers run too; 0.34: gpu/model_runner.py and cpu/standalone_model_runner
 # .py). The CPU V1 runner of 0.32 and 0.33 (cpu_model_runner.py) prints none.
-FIRST_LOAD = re.compile(r"Model loading took [\d.]+ \w+ memory and (\d+(?:\.\d+)?) seconds")
+# The memory is the process's growth while it loaded, which can be negative (vLLM 0.32 printed "took -0.21 GiB memory"
+# for a server forked warm, whose inherited pages its profiler's baseline counted).
+FIRST_LOAD = re.compile(r"Model loading took -?[\d.]+ \w+ memory and (\d+(?:\.\d+)?) seconds")
 # uvicorn's line once the API server answers: a load logged after it is no first load (a fix that loads anew)
 STARTED = "Application startup complete."
 

