@@ -85,13 +85,27 @@ def test_servers_of_one_environment_are_forked_from_one_launcher_that_imported_t
 
 
 def test_each_server_runs_with_its_own_environment_cores_and_torch_threads(tmp_path: Path, pool: WarmStarts) -> None:
-    """The launcher imported torch with every core of the machine; a server held to one core runs torch on one
-    thread, as a cold start's OpenMP would."""
-    spec = warm_spec(tmp_path, "pinned", cpus=(0,), WARM_TEST_TORCH="1", VLLM_CPU_OMP_THREADS_BIND="0")
+    """The launcher imports torch on the cores of the server that needed it first (every core here); a later server
+    held to one core runs torch on one thread, as a cold start's OpenMP would."""
+    every = tuple(sorted(os.sched_getaffinity(0)))
+    first = warm_spec(tmp_path, "every-core", cpus=every, WARM_TEST_TORCH="1", VLLM_CPU_OMP_THREADS_BIND="0")
+    later = warm_spec(tmp_path, "one-core", cpus=every[-1:], WARM_TEST_TORCH="1", VLLM_CPU_OMP_THREADS_BIND="1")
+    with running(server(first, pool)), running(server(later, pool)):
+        (launcher,) = launcher_pids(pool)
+        assert os.sched_getaffinity(launcher) == set(every)
+        fact = facts(later)
+    assert fact["imported_by"] == launcher != fact["pid"]
+    assert (fact["cpus"], fact["torch_threads"]) == ([every[-1]], 1)
+
+
+def test_a_launcher_imports_on_the_cores_of_the_server_that_needed_it(tmp_path: Path, pool: WarmStarts) -> None:
+    """Its imports take that server's cores, as the server's own cold start would: a neighbour measuring on another
+    core is left alone."""
+    spec = warm_spec(tmp_path, "pinned", cpus=(0,))
     with running(server(spec, pool)):
-        fact = facts(spec)
-    assert fact["imported_by"] != fact["pid"]
-    assert (fact["cpus"], fact["torch_threads"]) == ([0], 1)
+        (launcher,) = launcher_pids(pool)
+        assert os.sched_getaffinity(launcher) == {0}
+        assert facts(spec)["cpus"] == [0]
 
 
 def test_servers_of_another_environment_get_a_launcher_of_their_own(tmp_path: Path, pool: WarmStarts) -> None:

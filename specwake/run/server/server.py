@@ -162,7 +162,7 @@ class Server:
         """The server forked from its warm launcher, which holds it to its cores itself; None where it starts cold
         (no launcher for it, or the launcher failed: warm.py says so in specwake's log)."""
         spec = self.spec
-        launcher = self.warm_starts.launcher(spec.argv, spec.env, spec.log_path.parent)
+        launcher = self.warm_starts.launcher(spec.argv, spec.env, spec.log_path.parent, spec.cpus)
         if launcher is None or self._log_file is None:
             return None
         self._log_file.write(

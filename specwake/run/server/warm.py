@@ -95,22 +95,23 @@ class Launcher:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def start(self) -> None:
-        """Start the launcher, once, and wait for its imports; LauncherFailed (then and at every later call) when it
-        cannot."""
+    def start(self, cpus: tuple[int, ...] = ()) -> None:
+        """Start the launcher, once, held to `cpus` (the cores of the server that needs it first: its imports take
+        that server's cores, as its own cold start would, and leave a neighbour's measurement alone), and wait for its
+        imports; LauncherFailed (then and at every later call) when it cannot."""
         with self._start_lock:
             if self.failure is not None:
                 raise LauncherFailed(self.failure)
             if self._proc is not None:
                 return
             try:
-                self._start()
+                self._start(cpus)
             except LauncherFailed as exc:
                 self.failure = str(exc)
                 self.close()
                 raise
 
-    def _start(self) -> None:
+    def _start(self, cpus: tuple[int, ...]) -> None:
         read_fd, write_fd = os.pipe()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -122,8 +123,10 @@ class Launcher:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     pass_fds=(write_fd,),
-                    start_new_session=True,  # a Ctrl-C reaches specwake, which closes it
+                    start_new_session=True,  # a Ctrl-C reaches specwake alone, which closes it
                 )
+            if cpus:
+                os.sched_setaffinity(self._proc.pid, cpus)
         except OSError as exc:
             os.close(read_fd)
             raise LauncherFailed(f"cannot launch {self.python!r}: {exc}") from exc
@@ -236,9 +239,11 @@ class WarmStarts:
         self._lock = threading.Lock()
         self._made = 0
 
-    def launcher(self, argv: list[str], env: Mapping[str, str], log_dir: Path) -> Launcher | None:
-        """The started launcher for a server of `argv` and `env` (started now if it is the first); None where its
-        servers start cold."""
+    def launcher(
+        self, argv: list[str], env: Mapping[str, str], log_dir: Path, cpus: tuple[int, ...] = ()
+    ) -> Launcher | None:
+        """The started launcher for a server of `argv` and `env` (started now, held to the server's `cpus`, if it is
+        the first); None where its servers start cold."""
         if os.environ.get(SWITCH) == "0":
             return None
         key = launcher_key(argv, env)
@@ -257,7 +262,7 @@ class WarmStarts:
         if launcher.failure is not None:  # said when it failed
             return None
         try:
-            launcher.start()
+            launcher.start(cpus)
         except LauncherFailed as exc:
             log.warning("servers of %s start cold: their warm launcher failed: %s", argv[2], exc)
             return None
