@@ -109,7 +109,11 @@ class Server:
         self._lifeline: Lifeline | None = None
         self._record: Path | None = None
         self._stopped = False
-        self.warm = False  # forked from a warm launcher (warm.py), not started cold
+
+    @property
+    def warm(self) -> bool:
+        """Whether it was forked from a warm launcher (warm.py), not started cold."""
+        return isinstance(self._proc, WarmProcess)
 
     @property
     def pid(self) -> int | None:
@@ -171,10 +175,10 @@ class Server:
         )
         self._log_file.flush()
         try:
-            proc = launcher.fork(spec.argv[3:], spec.env, spec.log_path, spec.cpus)
-            self.warm = True
-            return proc
+            return launcher.fork(spec.argv[3:], spec.env, spec.log_path, spec.cpus)
         except LauncherFailed as exc:
+            self._log_file.write(f"# warm start failed ({exc}): started cold\n".encode())
+            self._log_file.flush()
             log.warning("server on %s starts cold: its warm launcher failed: %s", self.base_url, exc)
             return None
 
