@@ -16,7 +16,7 @@ import pytest
 from specwake.prepare.scenario import load_scenario
 from tests.helpers.paths import REPO
 from tests.helpers.procs import require_module
-from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
+from tests.helpers.shared_runs import Scenarios, SharedRun, draft_update_to_the_target, outcome_note
 
 FILES = sorted(str(p.relative_to(REPO)) for p in (REPO / "scenarios" / "cpu").glob("push-*.toml"))
 SCENARIOS = Scenarios.shipped("push", *FILES, budget_s=2400)
@@ -135,13 +135,7 @@ def test_a_draft_push_routed_to_the_target_is_caught_and_named(run: dict[str, An
         if d["point"] == "after push"
         for rank in d["fingerprints"]
     )
-    draft_push = next(d for d in v["diagnostics"] if d.get("update") == "draft")
-    assert (
-        draft_push["fingerprints"][0]["target"]["changed"] > 0
-        and draft_push["fingerprints"][0]["draft"]["changed"] == 0
-    )
-    report = (run["dir"] / "cpu-push-draft-model" / "report.md").read_text()
-    line = next(ln for ln in report.splitlines() if ln.startswith("- **draft-to-target**: corrupt"))
+    _, line, report = draft_update_to_the_target(run, "cpu-push-draft-model", v)
     assert "the target got an update meant for another model" in line
     assert "tensors changed by the draft push of cycle 1, which addresses the drafter alone — model." in line
     assert "- draft: the draft push of cycle 1 changed none of its" in report

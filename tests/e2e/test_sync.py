@@ -17,7 +17,7 @@ import pytest
 
 from specwake.protocol import SYNC_POINT
 from tests.helpers.procs import require_module
-from tests.helpers.shared_runs import Scenarios, SharedRun, outcome_note
+from tests.helpers.shared_runs import Scenarios, SharedRun, draft_update_to_the_target, outcome_note
 
 SCENARIOS = Scenarios.shipped(
     "sync", "scenarios/cpu/sync-draft-model.toml", "scenarios/cpu/sync-mimo-mtp.toml", budget_s=1800
@@ -148,14 +148,8 @@ def test_a_draft_session_routed_to_the_target_is_caught_and_named(run: dict[str,
     assert v["push"]["fault"] == "draft-to-target" and v["outcome"] == "corrupt"
     starts = [s["name"] for s in v["steps"] if s["cycle"] == 1 and s["name"].startswith("start_")]
     assert starts == ["start_weight_update", "start_weight_update"]  # no draft session at all
-    draft_session = next(d for d in v["diagnostics"] if d.get("update") == "draft")
+    draft_session, line, report = draft_update_to_the_target(run, "cpu-sync-draft-model", v)
     assert draft_session["point"] == SYNC_POINT
-    assert (
-        draft_session["fingerprints"][0]["target"]["changed"] > 0
-        and draft_session["fingerprints"][0]["draft"]["changed"] == 0
-    )
-    report = (run["dir"] / "cpu-sync-draft-model" / "report.md").read_text()
-    line = next(ln for ln in report.splitlines() if ln.startswith("- **draft-to-target**: corrupt"))
     assert "tensors changed by the draft session of cycle 1, which addresses the drafter alone — model." in line
     assert "- draft: the draft session of cycle 1 changed none of its" in report
 

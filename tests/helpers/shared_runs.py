@@ -159,6 +159,20 @@ def restores(variant: dict[str, Any], role: str = "draft") -> list[dict[str, Any
     return [d["fingerprints"][0][role] for d in sorted(found, key=lambda d: d["cycle"])]
 
 
+def draft_update_to_the_target(
+    run: dict[str, Any], scenario: str, variant: dict[str, Any]
+) -> tuple[dict[str, Any], str, str]:
+    """A draft update routed to the target (push_fault = "draft-to-target"), push or sync: the reading after the draft
+    update, which must show the target changed and the drafter not; the variant's line of the scenario's report; the
+    report."""
+    draft_update = next(d for d in variant["diagnostics"] if d.get("update") == "draft")
+    rank = draft_update["fingerprints"][0]
+    assert rank["target"]["changed"] > 0 and rank["draft"]["changed"] == 0
+    report = (run["dir"] / scenario / "report.md").read_text()
+    line = next(ln for ln in report.splitlines() if ln.startswith("- **draft-to-target**: corrupt"))
+    return draft_update, line, report
+
+
 def assert_a_small_copy_of(text: str, shipped: Path) -> None:
     """A scenario the shared run makes smaller runs the shipped family's server and drafter unchanged."""
     small, original = tomllib.loads(text), tomllib.loads(shipped.read_text())
