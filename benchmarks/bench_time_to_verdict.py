@@ -37,10 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specwake.errors import StartupFailed
 from specwake.judge.stats import summarize
 from specwake.prepare.plan import ENV_ALLOW, ENV_ALLOW_PREFIXES
 from specwake.run.server.server import Server, ServerSpec, free_port
 from specwake.run.server.warm import WarmStarts
+from specwake.run.session.variant_run import LOST_BIND
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "bench-time-to-verdict"
@@ -132,7 +134,8 @@ def read_run(out: Path, run: Run, base_env: dict[str, str]) -> None:
                 s = summarize(stage["tok_s"])
                 if s.median and s.ci_low is not None and s.ci_high is not None:
                     run.widths.append((s.ci_high - s.ci_low) / s.median)
-            run.servers += [spec] if (spec := recorded_server(variant, base_env, out / "floor")) else []
+            logs = out / "floor" / result["scenario"]["name"]
+            run.servers += [spec] if (spec := recorded_server(variant, base_env, logs)) else []
             log = variant.get("log_path")
             startup = variant.get("info", {}).get("timings", {}).get("startup")
             if log and startup and Path(log).is_file():
@@ -176,8 +179,17 @@ def floor_seconds(specs: Sequence[ServerSpec], side_by_side: bool) -> float:
                 # at once, as the run's jobs start them: a warm start waits for its launcher's imports in start()
                 with ThreadPoolExecutor(max_workers=len(servers)) as pool:
                     list(pool.map(Server.start, servers))
-                for server in servers:
-                    server.wait_ready()
+                for index, server in enumerate(servers):
+                    try:
+                        server.wait_ready()
+                    except StartupFailed as exc:
+                        if LOST_BIND not in exc.log_tail:
+                            raise
+                        # another server's engine bound the port first: once more on another port, as a run does
+                        server.stop()
+                        servers[index] = server = on_free_port(batch[index], warm_starts)
+                        server.start()
+                        server.wait_ready()
             finally:
                 for server in servers:
                     server.stop()

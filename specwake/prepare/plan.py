@@ -38,6 +38,7 @@ ENV_ALLOW = {
     "TZ",
     "TMPDIR",
     "TERM",
+    "SPECWAKE_TRITON_PATCH_ONCE",  # "0": Triton's interpreter as shipped on a CPU V2 server (worker/triton_cpu.py)
 }
 ENV_ALLOW_PREFIXES = (
     "VLLM_",

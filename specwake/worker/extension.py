@@ -22,6 +22,7 @@ from specwake.worker import coverage, push, transfer
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
 from specwake.worker.tensors import Reference, data_ptrs, fingerprint, inexact
+from specwake.worker.triton_cpu import language_kept
 
 if "vllm" in sys.modules:
     # Imported by vLLM's worker (worker_base.init_worker) before it builds the worker and loads the model, which is
@@ -132,6 +133,7 @@ class SpecwakeWorkerExtension:
             "runner_class": type(self._specwake_runner()).__name__,
             "model_runner": model_runner_of(self._specwake_runner()),
             "triton_interpreted": os.environ.get("TRITON_INTERPRET") == "1",
+            "triton_language_kept": language_kept(),  # the interpreter's builtins swapped once (worker/triton_cpu.py)
             "tp_rank": tp_rank,
             "world_size": world_size,
             "executor": getattr(backend, "__name__", backend),

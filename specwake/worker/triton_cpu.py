@@ -13,6 +13,14 @@ its in-process validation call it first thing.
 What this is not: the compiled GPU kernels (Triton's or vLLM's CUDA ops), CUDA graphs, or the cumem allocator that a
 GPU's sleep mode uses. Those stay GPU-only.
 
+One change to the interpreter's bookkeeping, not to what it computes: at every launch it swaps triton.language's
+builtins (``tl.load``, ``tl.arange``, ...) for its own, walking each module with ``inspect.getmembers``, and swaps them
+back after (``triton/runtime/interpreter.py``: ``_patch_lang``). That walk was a quarter of a V2 decode step's Triton
+time on the builtin models. In a process where Triton only ever interprets there is nothing to swap back to, so
+`patch_language_once` makes the swap once and keeps it (``SPECWAKE_TRITON_PATCH_ONCE=0`` leaves the interpreter as
+shipped, as does a Triton whose interpreter has no ``_patch_lang``). The programs, their grids and every value they
+compute are the same; benchmarks/bench_runners.py prints what it saves.
+
 Switched on by ``SPECWAKE_TRITON_ON_CPU=1`` (specwake's plan sets it, with ``TRITON_INTERPRET=1``, for a CPU server on
 Model Runner V2). This module imports nothing of specwake's and nothing of vLLM's.
 """
@@ -20,12 +28,14 @@ Model Runner V2). This module imports nothing of specwake's and nothing of vLLM'
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 SWITCH = "SPECWAKE_TRITON_ON_CPU"  # plan.TRITON_ON_CPU
 INTERPRET = "TRITON_INTERPRET"  # Triton's own switch (triton/knobs.py, runtime.interpret)
+PATCH_ONCE = "SPECWAKE_TRITON_PATCH_ONCE"  # "0": the interpreter swaps triton.language at every launch, as shipped
 BACKEND = "cpu"  # the name vLLM's CPU build looks up in triton.backends.backends
 
 
@@ -75,4 +85,47 @@ def interpret_triton_on_cpu() -> bool:
             raise NotImplementedError("the Triton interpreter compiles nothing")
 
     backends.setdefault(BACKEND, Backend(compiler=BaseBackend, driver=InterpreterDriver))
+    if os.environ.get(PATCH_ONCE) != "0":
+        patch_language_once()
     return True
+
+
+class _KeptPatch:
+    """What the interpreter's launch gets back instead of the scope it would undo after the grid: nothing to undo."""
+
+    def restore(self) -> None:
+        pass
+
+
+def patch_language_once() -> bool:
+    """Triton's interpreter given triton.language's interpreted builtins for good, made at its first launch, instead of
+    made and undone at every launch (module docstring). True when installed (or installed already); False where this
+    Triton's interpreter has no ``_patch_lang`` to replace, which leaves it as shipped."""
+    from triton.runtime import interpreter
+
+    shipped = getattr(interpreter, "_patch_lang", None)
+    if shipped is None:
+        return False
+    if getattr(shipped, "kept", False):
+        return True
+    tl = interpreter.tl
+    # The shipped function patches the modules among (tl, tl.core) that a program's globals hold: both, the first time.
+    every_language = type("Program", (), {"__globals__": {"tl": tl, "core": tl.core}})
+    patched = False
+
+    def patch_once(fn: object) -> _KeptPatch:
+        nonlocal patched
+        if not patched:
+            shipped(every_language)
+            patched = True
+        return _KeptPatch()
+
+    patch_once.kept = True  # type: ignore[attr-defined]
+    interpreter._patch_lang = patch_once
+    return True
+
+
+def language_kept() -> bool:
+    """Whether this process's Triton interpreter runs with `patch_language_once` installed (imports nothing)."""
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    return bool(getattr(getattr(interpreter, "_patch_lang", None), "kept", False))

@@ -81,6 +81,11 @@ def test_each_variant_ran_the_runner_it_asked_for(run: dict[str, Any]) -> None:
     assert {name: variant_of(run, name)["model_runner"] for name in VARIANTS} == {
         name: runner for name, (_, runner, _) in VARIANTS.items()
     }
+    # V2's Triton programs interpreted, with triton.language's interpreted builtins swapped in once (triton_cpu.py)
+    workers = {name: variant_of(run, name)["info"]["workers"][0] for name in VARIANTS}
+    assert {name: (w["triton_interpreted"], w["triton_language_kept"]) for name, w in workers.items()} == {
+        name: (runner == "v2",) * 2 for name, (_, runner, _) in VARIANTS.items()
+    }
 
 
 def test_the_034_fix_recovers_on_032s_v2_runner(run: dict[str, Any]) -> None:
