@@ -75,6 +75,14 @@ def test_on_gpu_only_the_switch_is_set(tmp_path: Path) -> None:
     assert runner_env("v2", is_gpu=True) == {plan.V2_SWITCH: "1"}
 
 
+def test_the_interpreter_as_shipped_can_be_asked_from_specwakes_environment(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path)
+    variant = next(v for v in scenario.variants if v.name == "baseline")
+    base = {triton_cpu.PATCH_ONCE: "0", "SPECWAKE_OTHER": "1"}
+    env = build_server_env(scenario, variant, base_env=base, pythonpath=[], is_gpu=False, cpu_ids=[0])[0]
+    assert env[triton_cpu.PATCH_ONCE] == "0" and "SPECWAKE_OTHER" not in env  # only the named switch passes
+
+
 def test_the_worker_side_names_match_the_plans() -> None:
     assert triton_cpu.SWITCH == plan.TRITON_ON_CPU and triton_cpu.INTERPRET == plan.TRITON_INTERPRET
     assert validate.V2_SWITCH == plan.V2_SWITCH and validate.RUNNER_SWITCH == plan.RUNNER_SWITCH
