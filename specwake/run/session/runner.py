@@ -5,21 +5,25 @@ decide outcomes and the verdict, and keep the result files current after every p
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specwake.errors import Interrupted
 from specwake.events import Event, Events
 from specwake.judge.verdict import speed_rule
+from specwake.prepare.plan import warm_startable
 from specwake.prepare.scenario import Scenario
-from specwake.prepare.variants import PreparedVariant
+from specwake.prepare.variants import PreparedVariant, plan_servers
 from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
 from specwake.run.measure.gate import AnyTime, Gate, Quiet, Turns
+from specwake.run.server.warm import SWITCH as WARM_SWITCH
+from specwake.run.server.warm import Key, launcher_key
 from specwake.run.session.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
-from specwake.run.session.schedule import Job, run_packed, side_by_side
+from specwake.run.session.schedule import Job, priority, run_packed, side_by_side
 from specwake.run.session.variant_run import VariantRun
 from specwake.runfolder import RunLayout, write_files
 
@@ -225,10 +229,36 @@ def alone_on_machine(alone: bool, machine_alone: bool) -> bool | None:
     return alone if machine_alone or not alone else None
 
 
+# est_seconds of a server that waits for its warm launcher's imports, against Job's default 1.0 for one forked from a
+# launcher that has made them: 7.5-9 s from launch to stopped against 3.5-4.5 s for the CPU family scenarios on this
+# repository's 2-core machine (benchmarks/bench_time_to_verdict.py). It ranks such servers first; it forecasts nothing.
+PAYS_IMPORTS_S = 2.0
+
+
+def launcher_of(scenario: Scenario, prep: PreparedVariant) -> Key | None:
+    """The warm launcher a variant's server is forked from (run/server/warm.py); None where it starts cold (a GPU
+    server, or warm starts switched off)."""
+    if os.environ.get(WARM_SWITCH) == "0":
+        return None
+    plan = plan_servers(scenario, prep)[0]
+    return launcher_key(plan.argv, plan.env) if warm_startable(plan) else None
+
+
 def server_jobs(work: Sequence[Work]) -> list[Job]:
-    """One job per scenario × variant server, needing a device (GPU or core) per rank of every engine."""
-    return [Job(f"{w.scenario.name}/{p.variant.name}", w.scenario.server.ranks) for w in work
-            for p in w.prepared]  # fmt: skip
+    """One job per scenario × variant server, needing a device (GPU or core) per rank of every engine.
+
+    The first server of each warm launcher ranks ahead of the rest (est_seconds; the scheduler starts the longest
+    first): it waits for its launcher's imports, so servers of different launchers started together make their
+    imports side by side, each on its own cores. In key order, the first two servers of the CPU family scenarios
+    were two of one launcher (`baseline`, `baseline-0.34`): one core made the imports while the other waited for
+    them, about 6 s of a 67 s run."""
+    jobs = [Job(f"{w.scenario.name}/{p.variant.name}", w.scenario.server.ranks) for w in work for p in w.prepared]
+    kinds = [launcher_of(w.scenario, p) for w in work for p in w.prepared]
+    first: dict[Key, Job] = {}
+    for job, kind in sorted(zip(jobs, kinds, strict=True), key=lambda pair: priority(pair[0])):
+        if kind is not None:
+            first.setdefault(kind, job)
+    return [replace(job, est_seconds=PAYS_IMPORTS_S) if job in first.values() else job for job in jobs]
 
 
 def packing_mode(work: Sequence[Work], devices: Sequence[int], cpu: bool) -> str:
@@ -271,15 +301,13 @@ def run_packed_scenarios(
     events(Event(mode_line(mode, len(server_jobs(work)))))
     unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []
-    jobs: list[Job] = []
     by_key: dict[str, tuple[Work, PreparedVariant, int]] = {}
     for index, w in enumerate(work):
         recorders.append(Recorder(w.scenario, w.run_dir, [], mode, w.kept, w.started_at, shard, w.prepared))
         recorders[-1].save()  # every planned variant named before any server starts
         for prep in w.prepared:
-            key = f"{w.scenario.name}/{prep.variant.name}"
-            jobs.append(Job(key, w.scenario.server.ranks))
-            by_key[key] = (w, prep, index)
+            by_key[f"{w.scenario.name}/{prep.variant.name}"] = (w, prep, index)
+    jobs = server_jobs(work)
 
     def run_job(job: Job, got: tuple[int, ...]) -> VariantResult:
         w, prep, index = by_key[job.key]
