@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 from dataclasses import replace
@@ -22,6 +23,7 @@ from specwake.run.server.server import (
     ServerSpec,
     describe_exit,
     free_port,
+    local_client,
     redact_env,
     tail_lines,
 )
@@ -274,3 +276,28 @@ def test_a_group_waits_on_its_server_while_another_nodes_engines_run_and_fails_w
         assert ready.alive() and len(ready.http) == 1
     finally:
         ready.stop()
+
+
+def test_local_clients_share_one_tls_context_and_reach_a_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clients of a run's servers load the CA bundle once between them, where plain httpx clients load it each; they
+    ignore the environment's proxies, and answer as any client does."""
+    made: list[object] = []
+    shipped = ssl.create_default_context
+
+    def counted(*args: object, **kwargs: object) -> ssl.SSLContext:
+        made.append(args or kwargs)
+        return shipped(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    local_client.__globals__["_tls_context"].cache_clear()
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # a proxy that answers nothing: must not be used
+    clients = [local_client() for _ in range(3)]
+    assert len(made) == 1
+    plain = [httpx.Client(trust_env=False) for _ in range(2)]  # httpx's own default: a context each
+    assert len(made) == 3
+    with running(fast(fake_spec(tmp_path))) as server, local_client(server.base_url) as client:
+        assert client.get("/health").status_code == 200  # readiness polled with a local client as well
+    for one in [*clients, *plain]:
+        one.close()

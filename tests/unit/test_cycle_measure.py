@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -268,3 +269,15 @@ def test_vllms_own_seconds_come_from_its_operation_histograms() -> None:
     assert clock.seconds((protocol.TRANSFER_METRIC, "update")) == 0.0  # nothing happened between the two scrapes
     assert clock.seconds(None) is None
     assert operation_seconds("not prometheus {", frozenset({protocol.SLEEP_METRIC})) == {}
+
+
+def test_vllms_own_seconds_are_the_sums_of_its_histograms_alone() -> None:
+    """Only the named histograms are parsed (metrics.family_lines): their `_sum` samples, summed per operation, and
+    a line the parser could not read elsewhere in the text changes nothing."""
+    text = (DATA / "metrics-weight-transfer.txt").read_text()
+    pattern = re.compile(rf'^{re.escape(protocol.TRANSFER_METRIC)}_sum\{{[^}}]*operation="update"[^}}]*\}} (\S+)$', re.M)
+    grepped = sum(float(value) for value in pattern.findall(text))
+    noisy = text + "vllm:another_family{oops 1\n"
+    sums = operation_seconds(noisy, frozenset({protocol.TRANSFER_METRIC}))
+    assert grepped > 0 and sums[(protocol.TRANSFER_METRIC, "update")] == pytest.approx(grepped)
+    assert all(metric == protocol.TRANSFER_METRIC for metric, _ in sums)

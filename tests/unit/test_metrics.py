@@ -322,3 +322,13 @@ def test_rays_names_for_vllms_metrics_are_read_as_vllms(suffix: str) -> None:
         ray = as_ray(text)
         assert "vllm:" not in ray
         assert parse_spec_counters(ray) == parse_spec_counters(text)
+
+
+def test_only_the_counter_families_are_parsed(real_scrape: str) -> None:
+    """The parser reads the spec-decode and generation families alone (metrics.family_lines): a line it could not
+    parse elsewhere in the text changes nothing, while a text with none of them is parsed whole and refused."""
+    noisy = real_scrape + "vllm:another_family{engine=0 oops\n"
+    assert parse_spec_counters(noisy) == parse_spec_counters(real_scrape)
+    assert parse_spec_counters(noisy).drafts == _grep_sum(real_scrape, DRAFTS)
+    with pytest.raises(ValueError, match="not Prometheus text"):
+        parse_spec_counters("<html><body>502 Bad Gateway</body></html>\n")

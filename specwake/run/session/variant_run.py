@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import httpx
-
 from specwake import protocol
 from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFailed
 from specwake.events import Event, Events
@@ -32,7 +30,7 @@ from specwake.run.measure.gate import Gate
 from specwake.run.measure.measure import Stopping, Workload, run_stage, stage_name
 from specwake.run.measure.metrics import OperationClock
 from specwake.run.server import raycluster
-from specwake.run.server.server import Server, ServerGroup, ServerSpec, describe_exit, free_port
+from specwake.run.server.server import Server, ServerGroup, ServerSpec, describe_exit, free_port, local_client
 from specwake.run.session.assemble import VariantRecord, judge_variant, push_of
 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
@@ -215,7 +213,7 @@ class VariantRun:
         self._timed("startup", self.clock() - t0)
         self.record.info["start"] = self.server.start_kind()
         self.say(f"server ready after {self.clock() - t0:.1f} s ({self.record.info['start']} start)")
-        https = [httpx.Client(base_url=server.base_url, trust_env=False) for server in self.server.http]
+        https = [local_client(server.base_url) for server in self.server.http]
         if len(https) == 1:
             self.client, self.completer = VllmClient(https[0]), Completer(https[0])
         else:
@@ -245,7 +243,7 @@ class VariantRun:
         if one answers there. Ours, when it lost the race for the port, may exit before its readiness poll ever
         reached the process that holds it."""
         for server in self.server.http:
-            with httpx.Client(base_url=server.base_url, trust_env=False) as http:
+            with local_client(server.base_url) as http:
                 try:
                     return server.base_url, VllmClient(http).model_ids(timeout=FOREIGN_PROBE_S)
                 except ServerFault:
