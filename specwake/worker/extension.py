@@ -22,7 +22,7 @@ from specwake.worker import coverage, push, transfer
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
 from specwake.worker.tensors import Reference, data_ptrs, fingerprint, inexact
-from specwake.worker.triton_cpu import language_kept
+from specwake.worker.triton_cpu import dtypes_cached, language_kept
 
 if "vllm" in sys.modules:
     # Imported by vLLM's worker (worker_base.init_worker) before it builds the worker and loads the model, which is
@@ -134,6 +134,7 @@ class SpecwakeWorkerExtension:
             "model_runner": model_runner_of(self._specwake_runner()),
             "triton_interpreted": os.environ.get("TRITON_INTERPRET") == "1",
             "triton_language_kept": language_kept(),  # the interpreter's builtins swapped once (worker/triton_cpu.py)
+            "triton_dtypes_cached": dtypes_cached(),  # its numpy dtype lookups answered from a table (the same)
             "tp_rank": tp_rank,
             "world_size": world_size,
             "executor": getattr(backend, "__name__", backend),

@@ -23,7 +23,7 @@ require_module("triton")
 
 PROGRAM = """
 import inspect, json, sys
-from specwake.worker.triton_cpu import interpret_triton_on_cpu, language_kept
+from specwake.worker.triton_cpu import dtypes_cached, interpret_triton_on_cpu, language_kept
 interpret_triton_on_cpu()
 import torch, triton, triton.language as tl
 from triton.runtime import interpreter
@@ -54,7 +54,8 @@ for _ in range(3):
     values.append(dst.tolist())
     walked.append(walks)
 expected = torch.where(src > 0, src * 2 + 1, -src).tolist()
-print(json.dumps({"values": values, "expected": expected, "walked": walked, "kept": language_kept()}))
+print(json.dumps({"values": values, "expected": expected, "walked": walked, "kept": language_kept(),
+                  "cached": dtypes_cached()}))
 """
 
 
@@ -86,6 +87,43 @@ def test_the_language_is_walked_once_in_all_instead_of_at_every_launch(runs: dic
     assert kept["walked"][0] > 0 and kept["walked"] == [kept["walked"][0]] * 3  # the first launch's swap, no other
     first, second, third = shipped["walked"]
     assert second - first == third - second == first > kept["walked"][0]  # every launch walks again, nested too
+
+
+def test_dtype_lookups_are_cached_only_where_the_language_is_kept(runs: dict[str, dict[str, Any]]) -> None:
+    assert runs["kept"]["cached"] is True and runs["shipped"]["cached"] is False
+
+
+DTYPES = """
+import json, os
+os.environ["TRITON_INTERPRET"] = "1"
+from triton.runtime import interpreter
+import triton.language as tl
+shipped = interpreter._get_np_dtype
+from specwake.worker.triton_cpu import cache_np_dtypes, dtypes_cached
+installed = cache_np_dtypes()
+cached = interpreter._get_np_dtype
+scalars = [value for value in vars(tl).values() if isinstance(value, tl.dtype) and not isinstance(value, tl.block_type)]
+types = scalars + [tl.pointer_type(t) for t in scalars] + [tl.block_type(t, [4, 2]) for t in scalars]
+types += [tl.block_type(tl.pointer_type(tl.float32), [8])]
+def answer(get, tt):
+    try:
+        return str(get(tt))
+    except Exception as exc:
+        return type(exc).__name__
+print(json.dumps({"installed": installed, "cached": dtypes_cached(), "n": len(types),
+                  "same": [answer(shipped, t) == answer(cached, t) == answer(cached, t) for t in types],
+                  "known": sum(answer(shipped, t) not in ("KeyError", "TypeError") for t in types)}))
+"""
+
+
+def test_every_triton_type_gets_the_shipped_dtype_from_the_table() -> None:
+    """Each scalar dtype triton.language defines, a pointer to it and a block of it: the cached lookup answers, twice,
+    what the shipped function answers, raising where it raises."""
+    done = subprocess.run([sys.executable, "-c", DTYPES], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["installed"] is True and found["cached"] is True
+    assert found["n"] > 40 and found["known"] > 30 and all(found["same"])
 
 
 def test_a_triton_without_the_function_is_left_as_shipped() -> None:

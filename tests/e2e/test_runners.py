@@ -81,10 +81,12 @@ def test_each_variant_ran_the_runner_it_asked_for(run: dict[str, Any]) -> None:
     assert {name: variant_of(run, name)["model_runner"] for name in VARIANTS} == {
         name: runner for name, (_, runner, _) in VARIANTS.items()
     }
-    # V2's Triton programs interpreted, with triton.language's interpreted builtins swapped in once (triton_cpu.py)
+    # V2's Triton programs interpreted, with triton.language's interpreted builtins swapped in once and dtype lookups
+    # answered from a table (triton_cpu.py)
     workers = {name: variant_of(run, name)["info"]["workers"][0] for name in VARIANTS}
-    assert {name: (w["triton_interpreted"], w["triton_language_kept"]) for name, w in workers.items()} == {
-        name: (runner == "v2",) * 2 for name, (_, runner, _) in VARIANTS.items()
+    kept = ("triton_interpreted", "triton_language_kept", "triton_dtypes_cached")
+    assert {name: tuple(w[key] for key in kept) for name, w in workers.items()} == {
+        name: (runner == "v2",) * 3 for name, (_, runner, _) in VARIANTS.items()
     }
 
 

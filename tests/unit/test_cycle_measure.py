@@ -275,7 +275,8 @@ def test_vllms_own_seconds_are_the_sums_of_its_histograms_alone() -> None:
     """Only the named histograms are parsed (metrics.family_lines): their `_sum` samples, summed per operation, and
     a line the parser could not read elsewhere in the text changes nothing."""
     text = (DATA / "metrics-weight-transfer.txt").read_text()
-    pattern = re.compile(rf'^{re.escape(protocol.TRANSFER_METRIC)}_sum\{{[^}}]*operation="update"[^}}]*\}} (\S+)$', re.M)
+    name = re.escape(protocol.TRANSFER_METRIC)
+    pattern = re.compile(rf'^{name}_sum\{{[^}}]*operation="update"[^}}]*\}} (\S+)$', re.M)
     grepped = sum(float(value) for value in pattern.findall(text))
     noisy = text + "vllm:another_family{oops 1\n"
     sums = operation_seconds(noisy, frozenset({protocol.TRANSFER_METRIC}))
