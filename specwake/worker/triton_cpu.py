@@ -103,17 +103,43 @@ class _KeptPatch:
         pass
 
 
+# The interpreter's functions specwake replaces, and the attribute that marks a replacement as specwake's.
+_LANGUAGE = ("_patch_lang", "kept")
+_DTYPES = ("_get_np_dtype", "cached")
+
+
+def _replace(function: tuple[str, str], build: Callable[[Any, Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """The interpreter's `function` replaced by what `build(interpreter module, shipped function)` makes. True when
+    replaced (or replaced already); False where this Triton's interpreter has no such function, which leaves it as
+    shipped."""
+    from triton.runtime import interpreter
+
+    name, mark = function
+    shipped = getattr(interpreter, name, None)
+    if shipped is None:
+        return False
+    if not getattr(shipped, mark, False):
+        replacement = build(interpreter, shipped)
+        setattr(replacement, mark, True)
+        setattr(interpreter, name, replacement)
+    return True
+
+
+def _replaced(function: tuple[str, str]) -> bool:
+    """Whether this process's interpreter runs specwake's replacement of `function` (imports nothing)."""
+    name, mark = function
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    return bool(getattr(getattr(interpreter, name, None), mark, False))
+
+
 def patch_language_once() -> bool:
     """Triton's interpreter given triton.language's interpreted builtins for good, made at its first launch, instead of
     made and undone at every launch (module docstring). True when installed (or installed already); False where this
     Triton's interpreter has no ``_patch_lang`` to replace, which leaves it as shipped."""
-    from triton.runtime import interpreter
+    return _replace(_LANGUAGE, _language_once)
 
-    shipped = getattr(interpreter, "_patch_lang", None)
-    if shipped is None:
-        return False
-    if getattr(shipped, "kept", False):
-        return True
+
+def _language_once(interpreter: Any, shipped: Callable[..., Any]) -> Callable[[object], _KeptPatch]:
     tl = interpreter.tl
     # The shipped function patches the modules among (tl, tl.core) that a program's globals hold: both, the first time.
     every_language = type("Program", (), {"__globals__": {"tl": tl, "core": tl.core}})
@@ -126,15 +152,12 @@ def patch_language_once() -> bool:
             patched = True
         return _KeptPatch()
 
-    patch_once.kept = True  # type: ignore[attr-defined]
-    interpreter._patch_lang = patch_once
-    return True
+    return patch_once
 
 
 def language_kept() -> bool:
     """Whether this process's Triton interpreter runs with `patch_language_once` installed (imports nothing)."""
-    interpreter = sys.modules.get("triton.runtime.interpreter")
-    return bool(getattr(getattr(interpreter, "_patch_lang", None), "kept", False))
+    return _replaced(_LANGUAGE)
 
 
 def cache_np_dtypes() -> bool:
@@ -142,13 +165,10 @@ def cache_np_dtypes() -> bool:
     type is looked up by its element type and a pointer is uint64, as the shipped function does; every other type is
     asked of the shipped function once, errors included. True when installed (or installed already); False where this
     Triton's interpreter has no ``_get_np_dtype``, which leaves it as shipped."""
-    from triton.runtime import interpreter
+    return _replace(_DTYPES, _dtype_table)
 
-    shipped = getattr(interpreter, "_get_np_dtype", None)
-    if shipped is None:
-        return False
-    if getattr(shipped, "cached", False):
-        return True
+
+def _dtype_table(interpreter: Any, shipped: Callable[[Any], Any]) -> Callable[[Any], Any]:
     tl = interpreter.tl
     pointer = shipped(tl.pointer_type(tl.int8))
     found: dict[Any, Any] = {}  # Triton's scalar dtypes are equal, and hash, by name
@@ -166,12 +186,9 @@ def cache_np_dtypes() -> bool:
         except TypeError:  # a type that does not hash: not a scalar dtype, asked each time
             return shipped(tt_dtype)
 
-    np_dtype.cached = True  # type: ignore[attr-defined]
-    interpreter._get_np_dtype = np_dtype
-    return True
+    return np_dtype
 
 
 def dtypes_cached() -> bool:
     """Whether this process's Triton interpreter runs with `cache_np_dtypes` installed (imports nothing)."""
-    interpreter = sys.modules.get("triton.runtime.interpreter")
-    return bool(getattr(getattr(interpreter, "_get_np_dtype", None), "cached", False))
+    return _replaced(_DTYPES)
