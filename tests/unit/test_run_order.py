@@ -1,4 +1,4 @@
-"""The order a packed CPU run starts its servers in (runner.server_jobs, schedule.plan_schedule): the first server of
+"""The order a packed CPU run starts its servers in (runner.launch_order, schedule.plan_schedule): the first server of
 each warm launcher first, so that launchers make their imports side by side on different cores."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from specwake.prepare.overlay import Overlay
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant
-from specwake.run.session.runner import PAYS_IMPORTS_S, Work, launcher_of, server_jobs
+from specwake.run.session.runner import PAYS_IMPORTS_S, Work, launch_order, launcher_of
 from specwake.run.session.schedule import plan_schedule
 from specwake.runfolder import RunLayout
 from tests.helpers.scenario_texts import MINIMAL
@@ -44,7 +44,7 @@ def test_the_first_server_of_each_launcher_starts_before_a_second_of_any(tmp_pat
     work = _work(tmp_path)
     kinds = {p.variant.name: launcher_of(work.scenario, p) for p in work.prepared}
     assert None not in kinds.values() and len(set(kinds.values())) == 3  # stock V2, V1, the patched tree
-    jobs = server_jobs([work])
+    jobs = launch_order([work])
     first = {job.key.split("/")[1] for job in jobs if job.est_seconds == PAYS_IMPORTS_S}
     assert first == {"a-stock", "c-v1", "d-patched"}
     plan = plan_schedule(jobs, [0, 1])
@@ -58,7 +58,7 @@ def test_the_first_server_of_each_launcher_starts_before_a_second_of_any(tmp_pat
 
 def test_servers_that_start_cold_keep_the_key_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECWAKE_WARM_START", "0")  # warm starts off: every server makes its own imports
-    assert {job.est_seconds for job in server_jobs([_work(tmp_path)])} == {1.0}
+    assert {job.est_seconds for job in launch_order([_work(tmp_path)])} == {1.0}
     monkeypatch.delenv("SPECWAKE_WARM_START")
     gpu = replace(ENGINE, platform="cuda", device_count=2)  # a GPU server starts cold
-    assert {job.est_seconds for job in server_jobs([_work(tmp_path, gpu)])} == {1.0}
+    assert {job.est_seconds for job in launch_order([_work(tmp_path, gpu)])} == {1.0}

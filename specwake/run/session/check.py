@@ -42,7 +42,7 @@ from specwake.prepare.variants import (
 )
 from specwake.protocol import ROLES, PushRequest, rules_name
 from specwake.run.measure.cycle import cycle_steps
-from specwake.run.session.runner import Work, mode_line, packing_mode, server_jobs
+from specwake.run.session.runner import Work, launch_order, mode_line, packing_mode, server_jobs
 from specwake.run.session.schedule import plan_schedule
 from specwake.run.session.session import refuse_invisible_gpus, refuse_same_names, visible_gpus
 from specwake.runfolder import RunLayout
@@ -103,7 +103,7 @@ def check_all(
         mode = packing_mode(work, devices, cpu=not on_gpu)
         if not problems:
             try:
-                plan = {a.job.key: a.gpus for a in plan_schedule(server_jobs(work), devices)}
+                plan = {a.job.key: a.gpus for a in plan_schedule(launch_order(work), devices)}
             except ValueError as exc:
                 problems.append(str(exc))
             else:

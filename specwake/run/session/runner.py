@@ -245,14 +245,18 @@ def launcher_of(scenario: Scenario, prep: PreparedVariant) -> Key | None:
 
 
 def server_jobs(work: Sequence[Work]) -> list[Job]:
-    """One job per scenario × variant server, needing a device (GPU or core) per rank of every engine.
+    """One job per scenario × variant server, needing a device (GPU or core) per rank of every engine."""
+    return [Job(f"{w.scenario.name}/{p.variant.name}", w.scenario.server.ranks) for w in work
+            for p in w.prepared]  # fmt: skip
 
-    The first server of each warm launcher ranks ahead of the rest (est_seconds; the scheduler starts the longest
-    first): it waits for its launcher's imports, so servers of different launchers started together make their
-    imports side by side, each on its own cores. In key order, the first two servers of the CPU family scenarios
-    were two of one launcher (`baseline`, `baseline-0.34`): one core made the imports while the other waited for
-    them, about 6 s of a 67 s run."""
-    jobs = [Job(f"{w.scenario.name}/{p.variant.name}", w.scenario.server.ranks) for w in work for p in w.prepared]
+
+def launch_order(work: Sequence[Work]) -> list[Job]:
+    """The jobs of `server_jobs`, the first server of each warm launcher ranked ahead of the rest (est_seconds; the
+    scheduler starts the longest first): it waits for its launcher's imports, so servers of different launchers
+    started together make their imports side by side, each on its own cores. In key order, the first two servers of
+    the CPU family scenarios were two of one launcher (`baseline`, `baseline-0.34`): one core made the imports while
+    the other waited for them, about 6 s of a 67 s run."""
+    jobs = server_jobs(work)
     kinds = [launcher_of(w.scenario, p) for w in work for p in w.prepared]
     first: dict[Key, Job] = {}
     for job, kind in sorted(zip(jobs, kinds, strict=True), key=lambda pair: priority(pair[0])):
@@ -298,7 +302,8 @@ def run_packed_scenarios(
     turns = Turns(cancel) if mode == "overlapped" else AnyTime()
     # On GPUs the deciding stages take turns, not whole variants; one server at a time measures alone anyway.
     gate = Quiet(cancel) if mode == "packed" else Gate(alone=alone_on_machine(mode != "parallel", machine_alone))
-    events(Event(mode_line(mode, len(server_jobs(work)))))
+    jobs = launch_order(work)
+    events(Event(mode_line(mode, len(jobs))))
     unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []
     by_key: dict[str, tuple[Work, PreparedVariant, int]] = {}
@@ -307,7 +312,6 @@ def run_packed_scenarios(
         recorders[-1].save()  # every planned variant named before any server starts
         for prep in w.prepared:
             by_key[f"{w.scenario.name}/{prep.variant.name}"] = (w, prep, index)
-    jobs = server_jobs(work)
 
     def run_job(job: Job, got: tuple[int, ...]) -> VariantResult:
         w, prep, index = by_key[job.key]
