@@ -12,6 +12,7 @@ from specwake.prepare.overlay import Overlay
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant
 from specwake.run.session.runner import PAYS_IMPORTS_S, Work, launch_order, launcher_of
+from specwake.run.server.warm import LAUNCHERS
 from specwake.run.session.schedule import plan_schedule
 from specwake.runfolder import RunLayout
 from tests.helpers.scenario_texts import MINIMAL
@@ -28,9 +29,9 @@ model_runner = "v1"
 """
 
 
-def _work(tmp_path: Path, engine: object = ENGINE) -> Work:
+def _work(tmp_path: Path, engine: object = ENGINE, variants: str = VARIANTS) -> Work:
     path = tmp_path / "order.toml"
-    path.write_text(MINIMAL + VARIANTS)
+    path.write_text(MINIMAL + variants)
     scenario: Scenario = load_scenario(path)
     overlay = Overlay(tmp_path / "overlay", ("vllm/x.py",), (), "abc", False)
     prepared = [
@@ -62,3 +63,14 @@ def test_servers_that_start_cold_keep_the_key_order(tmp_path: Path, monkeypatch:
     monkeypatch.delenv("SPECWAKE_WARM_START")
     gpu = replace(ENGINE, platform="cuda", device_count=2)  # a GPU server starts cold
     assert {job.est_seconds for job in launch_order([_work(tmp_path, gpu)])} == {1.0}
+
+
+def test_no_more_kinds_are_ranked_first_than_launchers_live_at_once(tmp_path: Path) -> None:
+    # Each variant its own launcher (an environment of its own), two servers of each: ranking all of them first would
+    # import every launcher before any second server came, retiring the first ones (warm.LAUNCHERS live at once).
+    count = LAUNCHERS + 3
+    text = "".join(f'[variants.k{i:02}-{n}]\nenv = {{ ORDER_KIND = "{i}" }}\n' for i in range(count) for n in (1, 2))
+    work = _work(tmp_path, variants=text)
+    assert len({launcher_of(work.scenario, p) for p in work.prepared}) == count
+    first = [job.key.split("/")[1] for job in launch_order([work]) if job.est_seconds == PAYS_IMPORTS_S]
+    assert first == [f"k{i:02}-1" for i in range(LAUNCHERS)]  # the first kinds in key order, one server each

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from specwake.events import Event, Events
-from specwake.judge.expectations import COLLAPSE_AL
+from specwake.judge.expectations import COLLAPSE_AL, MIN_FIRST_LOAD_S
 from specwake.judge.verdict import RULES, speed_rule
 from specwake.prepare.checkpoint import checkpoints, tensor_lines
 from specwake.prepare.hub import Availability, availability, confirm_on_hub
@@ -177,8 +177,8 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
         f"    here: recover needs every post-cycle AL ≥ {bound:.0%} of fresh (tolerance {scenario.tolerance:g}),"
         f" collapse is AL ≤ {COLLAPSE_AL:.2f}",
         f"  findings: tensors in new storage after a reload, push or sync: {graphs}; a stale prefix cache;"
-        f" a wake over {scenario.limits.max_wake_ratio:g}× the server's first load of its weights, by vLLM's log"
-        " (expect.max_wake_ratio); [expect] limits",
+        f" a wake over {scenario.limits.max_wake_ratio:g}× the server's first load of its weights, by vLLM's log,"
+        f" a load under {MIN_FIRST_LOAD_S:g} s counting as {MIN_FIRST_LOAD_S:g} s (expect.max_wake_ratio); [expect] limits",
     ]
     for prep in prepared:
         rule = speed_rule(scenario.min_speedup_recovery, prep.l2_discard)

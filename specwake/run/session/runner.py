@@ -21,7 +21,7 @@ from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
 from specwake.run.measure.gate import AnyTime, Gate, Quiet, Turns
 from specwake.run.server.warm import SWITCH as WARM_SWITCH
-from specwake.run.server.warm import Key, launcher_key
+from specwake.run.server.warm import LAUNCHERS, Key, launcher_key
 from specwake.run.session.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.run.session.schedule import Job, priority, run_packed, side_by_side
 from specwake.run.session.variant_run import VariantRun
@@ -255,12 +255,16 @@ def launch_order(work: Sequence[Work]) -> list[Job]:
     scheduler starts the longest first): it waits for its launcher's imports, so servers of different launchers
     started together make their imports side by side, each on its own cores. In key order, the first two servers of
     the CPU family scenarios were two of one launcher (`baseline`, `baseline-0.34`): one core made the imports while
-    the other waited for them, about 6 s of a 67 s run."""
+    the other waited for them, about 6 s of a 67 s run.
+
+    At most LAUNCHERS kinds are ranked so, the first in the scheduler's order: a launcher beyond the pool's limit
+    retires the least recently used idle one, so ranking every kind first retired the first launchers before the rest
+    of their servers came, and those imported again (the shared e2e run: 38 launchers for its 33 kinds)."""
     jobs = server_jobs(work)
     kinds = [launcher_of(w.scenario, p) for w in work for p in w.prepared]
     first: dict[Key, Job] = {}
     for job, kind in sorted(zip(jobs, kinds, strict=True), key=lambda pair: priority(pair[0])):
-        if kind is not None:
+        if kind is not None and len(first) < LAUNCHERS:
             first.setdefault(kind, job)
     return [replace(job, est_seconds=PAYS_IMPORTS_S) if job in first.values() else job for job in jobs]
 
