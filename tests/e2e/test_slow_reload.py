@@ -88,7 +88,8 @@ def test_a_right_but_slow_drafter_reload_fails_and_the_reference_fix_beside_it_p
     assert load is not None and load < SLOW_S / 2, load  # read from this server's own log
     [finding] = slow["findings"]
     counted = f", counted as {MIN_FIRST_LOAD_S:g} s" if load < MIN_FIRST_LOAD_S else ""
-    assert finding.startswith("slow wake: cycle ") and f"({load:.2f} s by vLLM's log{counted}) > max_wake_ratio 2" in finding
+    assert finding.startswith("slow wake: cycle ")
+    assert f"({load:.2f} s by vLLM's log{counted}) > max_wake_ratio 2" in finding
 
 
 def test_the_pr_table_shows_each_variants_wake_against_its_first_load(run: dict[str, Any]) -> None:

@@ -11,8 +11,8 @@ import pytest
 from specwake.prepare.overlay import Overlay
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant
-from specwake.run.session.runner import PAYS_IMPORTS_S, Work, launch_order, launcher_of
 from specwake.run.server.warm import LAUNCHERS
+from specwake.run.session.runner import PAYS_IMPORTS_S, Work, launch_order, launcher_of
 from specwake.run.session.schedule import plan_schedule
 from specwake.runfolder import RunLayout
 from tests.helpers.scenario_texts import MINIMAL

@@ -178,7 +178,8 @@ def measurement_plan(scenario: Scenario, prepared: Sequence[PreparedVariant]) ->
         f" collapse is AL ≤ {COLLAPSE_AL:.2f}",
         f"  findings: tensors in new storage after a reload, push or sync: {graphs}; a stale prefix cache;"
         f" a wake over {scenario.limits.max_wake_ratio:g}× the server's first load of its weights, by vLLM's log,"
-        f" a load under {MIN_FIRST_LOAD_S:g} s counting as {MIN_FIRST_LOAD_S:g} s (expect.max_wake_ratio); [expect] limits",
+        f" a load under {MIN_FIRST_LOAD_S:g} s counting as {MIN_FIRST_LOAD_S:g} s (expect.max_wake_ratio);"
+        " [expect] limits",
     ]
     for prep in prepared:
         rule = speed_rule(scenario.min_speedup_recovery, prep.l2_discard)

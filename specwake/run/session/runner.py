@@ -20,8 +20,8 @@ from specwake.prepare.variants import PreparedVariant, plan_servers
 from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
 from specwake.run.measure.gate import AnyTime, Gate, Quiet, Turns
-from specwake.run.server.warm import SWITCH as WARM_SWITCH
 from specwake.run.server.warm import LAUNCHERS, Key, launcher_key
+from specwake.run.server.warm import SWITCH as WARM_SWITCH
 from specwake.run.session.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.run.session.schedule import Job, priority, run_packed, side_by_side
 from specwake.run.session.variant_run import VariantRun
