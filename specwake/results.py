@@ -381,7 +381,9 @@ class ScenarioResult:
 
 
 def to_dict(result: ScenarioResult) -> dict[str, Any]:
-    data = asdict(result)
+    # Diagnostics and push write themselves (only what was taken): asdict would copy every fingerprint first.
+    bare = replace(result, variants=[replace(v, diagnostics=[], push=None) for v in result.variants])
+    data = asdict(bare)
     for variant, written in zip(result.variants, data["variants"], strict=True):
         written["diagnostics"] = [d.to_dict() for d in variant.diagnostics]
         written["push"] = variant.push.to_dict() if variant.push is not None else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specwake.judge.expectations import MIN_FIRST_LOAD_S
 from specwake.prepare.releases import TESTED_RELEASES
 from tests.helpers.fakeengine import FakeEngine, one_run_dir, result_of, run_text, scenario_text, variant
 
@@ -56,7 +57,8 @@ def test_a_reload_far_slower_than_the_servers_logged_first_load_fails_its_varian
 ) -> None:
     diff = engine.write_fix(tmp_path)
     logged = "--load-seconds 0.4"
-    slow = {"FAKE_VLLM_ARGS": f"{logged} --reload-delay 1.0"}  # the reload 2.5× the first load
+    # A first load under MIN_FIRST_LOAD_S counts as that much: the reload takes over twice that, and 11× the load.
+    slow = {"FAKE_VLLM_ARGS": f"{logged} --reload-delay {2 * MIN_FIRST_LOAD_S + 0.5:g}"}
     text = scenario_text(
         engine, variants={"baseline": {"FAKE_VLLM_ARGS": logged}, "patched": slow},
         expect={"baseline": "collapse", "patched": "recover"}, patch=str(diff), cycles=1,
@@ -68,6 +70,7 @@ def test_a_reload_far_slower_than_the_servers_logged_first_load_fails_its_varian
     assert baseline["first_load_seconds"] == patched["first_load_seconds"] == 0.4
     assert (baseline["matched"], baseline["findings"]) == (True, [])
     assert (patched["outcome"], patched["matched"]) == ("recover", False)
-    assert patched["findings"][0].startswith("slow wake: cycle 1's wake took 1.")
+    assert patched["findings"][0].startswith("slow wake: cycle 1's wake took ")
+    assert f"(0.40 s by vLLM's log, counted as {MIN_FIRST_LOAD_S:g} s) > max_wake_ratio 2" in patched["findings"][0]
     report = (one_run_dir(out) / "report.md").read_text()
     assert "× first load) | recover ✗ (expected recover) |" in report

@@ -46,9 +46,24 @@ def live_group_members(pgid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         fields = _stat(int(entry.name))
-        if fields is not None and len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+        if fields is not None and fields[0] != "Z" and _in_group(fields, pgid):
             members.append(int(entry.name))
     return members
+
+
+def members_now(known: list[int], pgid: int) -> list[int]:
+    """The live members of group `pgid`, given `known`, an earlier reading: those of them still in it, read one by one
+    (a few /proc reads where live_group_members reads every process's), or the whole group read again once none is,
+    as a member forked since would be missed."""
+    left = [pid for pid in known if (fields := _stat(pid)) is not None and fields[0] != "Z" and _in_group(fields, pgid)]
+    return left or live_group_members(pgid)
+
+
+def _in_group(fields: list[str], pgid: int) -> bool:
+    try:
+        return int(fields[2]) == pgid
+    except (IndexError, ValueError):
+        return False
 
 
 def group_rss_bytes(pgid: int) -> int | None:
@@ -75,14 +90,16 @@ def end_group(pgid: int, grace_s: float, poll_s: float = 0.05) -> list[int]:
     """Stop a group this process is not the parent of, as Server.stop stops its own: SIGTERM and SIGCONT (a stopped
     group must run to see SIGTERM), up to `grace_s` for its processes to exit, then SIGKILL and up to
     STRAGGLER_TIMEOUT_S for them to vanish. Returns the pids still live after that (normally none)."""
-    if not live_group_members(pgid):
+    members = live_group_members(pgid)
+    if not members:
         return []
     signal_group(pgid, signal.SIGTERM)
     signal_group(pgid, signal.SIGCONT)
     deadline = time.monotonic() + grace_s
-    while live_group_members(pgid) and time.monotonic() < deadline:
+    while members and time.monotonic() < deadline:
         time.sleep(poll_s)
-    if grace_s > 0 and live_group_members(pgid):
+        members = members_now(members, pgid)
+    if grace_s > 0 and members:
         log.warning("server group %d ignored SIGTERM for %.1f s; killing", pgid, grace_s)
     deadline = time.monotonic() + STRAGGLER_TIMEOUT_S
     while True:

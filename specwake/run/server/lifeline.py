@@ -24,7 +24,7 @@ import threading
 from typing import IO
 
 from specwake.prepare.models import builder_env
-from specwake.run.server.groups import end_group, live_group_members
+from specwake.run.server.groups import end_group, live_group_members, members_now
 
 POLL_S = 1.0  # how often the watchdog looks whether its group has ended by itself
 REAP_TIMEOUT_S = 2.0  # how long specwake waits for a watchdog to exit once the line is cut
@@ -87,7 +87,8 @@ def watch(pgid: int, grace_s: float, line: int, owner: int, poll_s: float = POLL
     """Wait for end of file on `line` while group `pgid` has live processes; then stop what is left of the group.
     Returns the pids that survived the stop (normally none), or None when the group ended while the line held.
     `owner`: the pid of the specwake process holding the line, for the log."""
-    while live_group_members(pgid):
+    members = live_group_members(pgid)
+    while members:
         readable, _, _ = select.select([line], [], [], poll_s)
         if readable and not os.read(line, 512):
             left = live_group_members(pgid)
@@ -98,6 +99,7 @@ def watch(pgid: int, grace_s: float, line: int, owner: int, poll_s: float = POLL
             survivors = end_group(pgid, grace_s)
             say(f"server group {pgid} stopped" if not survivors else f"processes {survivors} survived SIGKILL")
             return survivors
+        members = members_now(members, pgid)
     return None
 
 
