@@ -14,9 +14,10 @@ from specwake.run.server.groups import end_group, live_group_members, members_no
 
 # A group leader that forks a second member when it gets SIGUSR1, then both sleep.
 LEADER = """
-import os, signal, subprocess, sys, time
+import signal, subprocess, sys, time
 child = []
-signal.signal(signal.SIGUSR1, lambda *_: child.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])))
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+signal.signal(signal.SIGUSR1, lambda *_: child.append(subprocess.Popen(SLEEPER)))
 print("ready", flush=True)
 while True:
     time.sleep(0.05)
