@@ -9,7 +9,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from specwake.protocol import PUSH_VIA, ROLES, SYNC_VIA, WAKE_STEPS, Fingerprint, Memory, PushRequest
+from specwake.protocol import ROLES, WAKE_STEPS, Fingerprint, Memory
+from specwake.weight_updates import PUSH_VIA, SYNC_VIA, PushRequest
 
 SCHEMA = "specwake.result/1"
 INCOMPLETE = "incomplete"  # the outcome of a variant still running (or interrupted) in a partial result

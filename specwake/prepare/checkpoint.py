@@ -22,7 +22,7 @@ from specwake.events import Event, Events
 from specwake.prepare.hub import cached_snapshot
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.prepare.scenario_file import NO_DRAFT_MODEL
-from specwake.protocol import split_entry
+from specwake.weight_updates import split_entry
 
 MAX_HEADER = 512 * 1024 * 1024  # a safetensors header longer than this is no header
 WORDS = {"target": "target", "draft": "drafter"}

@@ -56,7 +56,7 @@ class Variant:
     push_to: tuple[str, ...] = ("target",)  # with [cycle] reload = "push"
     push_scale: tuple[tuple[str, float], ...] = ()  # a perturbed push or sync (see VariantSection)
     push_skip: tuple[str, ...] = ()  # a partial push or sync
-    push_fault: str | None = None  # a misrouted push or sync planted on purpose (protocol.PUSH_FAULTS)
+    push_fault: str | None = None  # a misrouted push or sync planted on purpose (weight_updates.PUSH_FAULTS)
     discard_rules: str | None = None  # whose L2 sleep an emulated discard follows; None: the installed vLLM's
     model_runner: str | None = None  # "v1" | "v2": the runner its server is told to run; None: vLLM's own choice
     # where model_runner was set, as an error names it: its own table's key, the server's, or the flag

@@ -19,7 +19,8 @@ from specwake.judge.expectations import Limits, expectation_text
 from specwake.judge.sequential import DEFAULT_MIN_REPEATS
 from specwake.prepare.releases import ByRelease
 from specwake.prepare.server_args import args_is_list, env_values_are_strings, no_reserved_flags
-from specwake.protocol import RELOAD_KIND, RELOAD_KINDS, ROLES, TARGET_ALSO_TO_DRAFT, ReloadKind, split_entry
+from specwake.protocol import ROLES
+from specwake.weight_updates import RELOAD_KIND, RELOAD_KINDS, TARGET_ALSO_TO_DRAFT, ReloadKind, split_entry
 
 HOST = "127.0.0.1"
 NODE_COMMAND, NODE_ARGV = "{command}", "{argv}"  # server.node_command's placeholders (and "{node}")
@@ -199,7 +200,9 @@ class WorkloadSection(_Strict):
 
 Level = Literal[1, 2]
 PushTarget = Literal["target", "draft"]
-PushFault = Literal["draft-to-target", "empty-draft", "target-also-to-draft"]  # protocol.PUSH_FAULTS (a unit test)
+PushFault = Literal[
+    "draft-to-target", "empty-draft", "target-also-to-draft"
+]  # weight_updates.PUSH_FAULTS (a unit test)
 _TARGET_ONLY: list[PushTarget] = ["target"]  # what most RL trainers push
 
 
@@ -245,7 +248,7 @@ class CycleSection(_Strict):
     # How weights come back after the wake: vLLM's reload_weights from disk; pushed into the live models through
     # load_weights by specwake's worker extension, as RL trainers did (verl, NeMo-RL, TRL); or synced through vLLM's
     # own weight-transfer API, one session per model in push_to, as trainers do since vLLM 0.26 (SkyRL, vime).
-    reload: str = RELOAD_KIND.name  # a name of protocol.RELOAD_KINDS
+    reload: str = RELOAD_KIND.name  # a name of weight_updates.RELOAD_KINDS
     push_to: list[PushTarget] = Field(default_factory=lambda: _TARGET_ONLY.copy())
     discard: Literal["auto", "native", "emulated"] = "auto"
     # What an emulated discard leaves in the parameters. A real L2 wake on CUDA hands back memory it did not
@@ -303,7 +306,7 @@ class VariantSection(_Strict):
     push_scale: dict[str, float] = Field(default_factory=dict)
     # A partial push or sync: checkpoint tensor names (or globs) left out, with the same `draft:` / `target:` prefixes.
     push_skip: list[str] = Field(default_factory=list)
-    # A misrouted push or sync, planted on purpose to prove it is caught (protocol.PUSH_FAULTS): "draft-to-target"
+    # A misrouted push or sync, planted on purpose to prove it is caught (weight_updates.PUSH_FAULTS): "draft-to-target"
     # (the drafter's update sent to the target), "empty-draft" (the drafter's update sends no tensors),
     # "target-also-to-draft" (the target's update written into the drafter as well).
     push_fault: PushFault | None = None

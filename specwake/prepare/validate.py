@@ -30,7 +30,7 @@ from specwake.prepare.prompts import probe_prompt
 from specwake.prepare.scenario import Scenario, Variant
 from specwake.prepare.scenario_file import did_you_mean
 from specwake.prepare.speculation import REQUESTS_AT_ONCE, check_speculation, speculation_line
-from specwake.protocol import TRANSFER_FLAG
+from specwake.weight_updates import TRANSFER_FLAG
 
 TIMEOUT_S = 300.0
 PREFIX = "SPECWAKE_VALIDATE "

@@ -34,9 +34,9 @@ from specwake.judge.weights import (
     stage_changes,
     worst_restore,
 )
-from specwake.protocol import KIND_BY_VIA, PUSH_VIA
 from specwake.report.weights import change_text, misroutes_line, restore_names, restore_text
 from specwake.results import INCOMPLETE, Push, StageResult, VariantResult
+from specwake.weight_updates import KIND_BY_VIA, PUSH_VIA
 
 MODEL_WORDS = {"target": "target", "draft": "drafter"}
 NOT_RUN = "not run"  # a variant of a partial result that recorded nothing (VariantResult.not_run)

@@ -19,7 +19,6 @@ from specwake.judge.verdict import (
 )
 from specwake.judge.weights import ROLES
 from specwake.prepare.runners import runner_label
-from specwake.protocol import KIND_BY_VIA, RELOAD_KIND, RELOAD_KINDS
 from specwake.report.columns import TABLE, StageView, table_cells
 from specwake.report.cycles import cost_table, drift_line, logprob_line, prefix_cache_line
 from specwake.report.details import details
@@ -37,6 +36,7 @@ from specwake.report.overview import (
 from specwake.report.rows import after_samples, stage_rows
 from specwake.report.weights import change_text, discard_rules, restore_text
 from specwake.results import INCOMPLETE, ScenarioResult, VariantResult
+from specwake.weight_updates import KIND_BY_VIA, RELOAD_KIND, RELOAD_KINDS
 
 EMULATED_NOTE = (
     "L2 discard emulated on CPU: after /sleep?level=2 specwake overwrote every parameter and plain tensor attribute "

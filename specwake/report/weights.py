@@ -118,7 +118,7 @@ def misroute_text(misroute: Misroute, update: str = "{role} update") -> str:
     """`target: 9/24 tensors changed by the draft session of cycle 1, which addresses the drafter alone —
     model.norm.weight …: other values`, or `draft: the draft session of cycle 1 changed none of its 24 tensors, 24 of
     which differed from fresh before it: nothing it sent landed on the drafter`. `update`: how one model's update is
-    called (protocol.ReloadKind.update)."""
+    called (weight_updates.ReloadKind.update)."""
     part, what = misroute.part, update.format(role=misroute.update)
     total = sum(part.kinds.values()) or part.tensors
     if misroute.stray:

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from specwake.protocol import FRESH, Chosen, Memory, PushAnswer, PushRequest, release_rules
+from specwake.protocol import FRESH, Memory, release_rules
+from specwake.weight_updates import Chosen, PushAnswer, PushRequest
 from specwake.worker import coverage, push, transfer
 from specwake.worker.discard import emulate_discard, packed_state
 from specwake.worker.finders import ROLES, named_models
@@ -220,12 +221,12 @@ class SpecwakeWorkerExtension:
     def specwake_push(self, request: str = "{}") -> dict[str, Any]:
         """Wake with new weights the way RL frameworks do (verl's update_weights_from_ipc): tensors pushed into the live
         models through load_weights, not reload_weights from disk. `request` is JSON, as /collective_rpc passes strings
-        (protocol.PushRequest): {"to": ["target"] | ["target", "draft"], "chosen": {model: {"skip": [names], "scale":
-        {name: factor}}}}, the names each model's push leaves out and scales, as the CLI resolved them against the
-        manifest, and "fault", a misrouted update planted on purpose (protocol.PUSH_FAULTS). The drafter goes first, the
-        target last, so modules they share end up with the target's tensors (specwake calls it once per model, in that
-        order). The answer's `unmatched` lists chosen names the model's push never met (the push went through without
-        them): for the caller to report."""
+        (weight_updates.PushRequest): {"to": ["target"] | ["target", "draft"], "chosen": {model: {"skip": [names],
+        "scale": {name: factor}}}}, the names each model's push leaves out and scales, as the CLI resolved them against
+        the manifest, and "fault", a misrouted update planted on purpose (weight_updates.PUSH_FAULTS). The drafter goes
+        first, the target last, so modules they share end up with the target's tensors (specwake calls it once per
+        model, in that order). The answer's `unmatched` lists chosen names the model's push never met (the push went
+        through without them): for the caller to report."""
         spec = PushRequest.from_json(request)
         runner = self._specwake_runner()
         seen = {role: push.Seen() for role in spec.to}

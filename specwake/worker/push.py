@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from specwake.protocol import DRAFT_TO_TARGET, EMPTY_DRAFT, TARGET_ALSO_TO_DRAFT, Chosen
+from specwake.weight_updates import DRAFT_TO_TARGET, EMPTY_DRAFT, TARGET_ALSO_TO_DRAFT, Chosen
 from specwake.worker.finders import find_draft, find_target
 
 
@@ -82,7 +82,7 @@ def push_draft(worker: Any, chosen: Chosen, seen: Seen, fault: str | None = None
     unbound while it loads, a tied head refilled, fused buffers rebuilt in place, attention scales kept. A plain
     load_weights fails on CPU, where weights were repacked after the first load, and crashes a Gemma4 drafter. Runs
     inside the room vLLM makes for a weight update of the drafter (weight_update_room). A planted `fault`
-    (protocol.PUSH_FAULTS) misroutes it: the drafter's tensors pushed into the target (DRAFT_TO_TARGET), or none
+    (weight_updates.PUSH_FAULTS) misroutes it: the drafter's tensors pushed into the target (DRAFT_TO_TARGET), or none
     pushed at all (EMPTY_DRAFT)."""
     from vllm.model_executor.model_loader import get_model_loader
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specwake.protocol import TRANSFER_BACKEND, TransferChunk
+from specwake.protocol import TRANSFER_BACKEND
+from specwake.weight_updates import TransferChunk
 
 CHUNK_TENSORS = 16  # tensors per /update_weights call: several calls per session, as trainers send them
 

@@ -10,12 +10,12 @@ import pytest
 
 from specwake import protocol
 from specwake.errors import RequestFailed, RequestTimeout
-from specwake.protocol import SYNC_VIA, PushRequest, TransferChunk
 from specwake.run.measure.client import VllmClient
 from specwake.run.measure.completions import Completer, Completion
 from specwake.run.measure.cycle import cycle_steps, run_cycle
 from specwake.run.measure.measure import Workload, drift, own_drift, run_stage, stage_name
 from specwake.run.measure.metrics import OperationClock, operation_seconds
+from specwake.weight_updates import SYNC_VIA, PushRequest, TransferChunk
 from tests.helpers.mock_vllm import MockVllm
 from tests.helpers.paths import DATA
 

@@ -1,5 +1,5 @@
 """Unit tests of perturbed and partial pushes and syncs (push_scale, push_skip): what the entries pick of each model's
-tensors (specwake.protocol.choose), and how a variant is judged and explained by what was perturbed. Scaling the
+tensors (specwake.weight_updates.choose), and how a variant is judged and explained by what was perturbed. Scaling the
 target's tensors must change the output; scaling the drafter's alone cannot (the target verifies every token), so the
 drafter is judged by its checksums and AL, and changed completions are a corrupted target. Records are judged through
 specwake.run.session.assemble, as a run judges them.
@@ -16,10 +16,10 @@ from specwake.judge.verdict import judges_drafter, perturbed_models
 from specwake.prepare.engine import EngineInfo
 from specwake.prepare.scenario import load_scenario
 from specwake.prepare.variants import PreparedVariant
-from specwake.protocol import Chosen, PushRequest, TransferChunk, choose
 from specwake.report.explain import explain
 from specwake.results import Diagnostic, Push, VariantResult
 from specwake.run.session.assemble import VariantRecord, judge_variant
+from specwake.weight_updates import Chosen, PushRequest, TransferChunk, choose
 from tests.helpers.builders import stage
 from tests.helpers.scenario_texts import MINIMAL
 

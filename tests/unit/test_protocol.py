@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from specwake import protocol
-from specwake.protocol import DiscardAnswer, Fingerprint, Memory, PushAnswer, PushRequest
+from specwake import protocol, weight_updates
+from specwake.protocol import DiscardAnswer, Fingerprint, Memory
 from specwake.results import Push
+from specwake.weight_updates import PushAnswer, PushRequest
 
 
 def test_the_step_table_gives_the_probe_points_the_restore_points_and_the_wake() -> None:
@@ -30,11 +31,11 @@ def test_a_push_request_travels_as_json_and_back() -> None:
     assert PushRequest.from_json("{}") == PushRequest()  # the default push: the target, unscaled
     # in result files: a push reads as it always did, a sync says so
     assert Push.of(request).to_dict() == {"to": ["target", "draft"], "scale": {"lm_head.weight": 2.0}}
-    sync = Push.of(PushRequest(("target",), via=protocol.SYNC_VIA))
+    sync = Push.of(PushRequest(("target",), via=weight_updates.SYNC_VIA))
     assert sync.to_dict()["via"] == "weight_transfer" and Push.from_dict(sync.to_dict()) == sync and sync.syncs
     assert PushAnswer.from_dict({"pushed": {"target": "pushed"}, "scaled": [], "extra": 1}).unmatched == []
     # a planted misroute travels to the worker and is kept in results; a push without one reads as before
-    planted = PushRequest(("target", "draft"), fault=protocol.DRAFT_TO_TARGET)
+    planted = PushRequest(("target", "draft"), fault=weight_updates.DRAFT_TO_TARGET)
     assert PushRequest.from_json(planted.to_json()) == planted
     assert json.loads(planted.to_json())["fault"] == "draft-to-target"
     kept = Push.of(planted)

@@ -1,6 +1,6 @@
 """specwake/protocol.py is shared by the CLI process and the workers in vLLM's interpreter, so it imports nothing
-from specwake (a folder's ruff.toml holds the folders' order; one file has no folder of its own, so this test holds
-it)."""
+from specwake, and specwake/weight_updates.py, shared alike, nothing but protocol (a folder's ruff.toml holds the
+folders' order; these files have no folder of their own, so this test holds it)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import ast
 from tests.helpers.paths import REPO
 
 PROTOCOL = REPO / "specwake" / "protocol.py"
+WEIGHT_UPDATES = REPO / "specwake" / "weight_updates.py"
 
 
 def specwake_imports(source: str) -> list[str]:
@@ -23,6 +24,10 @@ def specwake_imports(source: str) -> list[str]:
 
 def test_protocol_imports_nothing_from_specwake() -> None:
     assert specwake_imports(PROTOCOL.read_text()) == []
+
+
+def test_weight_updates_imports_nothing_from_specwake_but_protocol() -> None:
+    assert specwake_imports(WEIGHT_UPDATES.read_text()) == ["specwake.protocol"]
 
 
 def test_the_check_sees_every_form_of_import() -> None:

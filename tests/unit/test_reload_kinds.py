@@ -1,5 +1,6 @@
-"""The reload kinds as rows (protocol.RELOAD_KINDS): the scenario format's values, its key checks, the server's flags,
-the cycle's steps, `check` and the report's words all follow each row, and every map keyed by kind holds every row."""
+"""The reload kinds as rows (weight_updates.RELOAD_KINDS): the scenario format's values, its key checks, the server's
+flags, the cycle's steps, `check` and the report's words all follow each row, and every map keyed by kind holds every
+row."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from specwake.prepare.engine import EngineInfo
 from specwake.prepare.plan import build_server_command
 from specwake.prepare.scenario import Scenario, load_scenario
 from specwake.prepare.variants import PreparedVariant
-from specwake.protocol import KIND_BY_VIA, PUSH_KEYS, RELOAD_KINDS, ROLES, STEP_BY_NAME, PushRequest, ReloadKind
+from specwake.protocol import ROLES, STEP_BY_NAME
 from specwake.report.explain import sent_line
 from specwake.report.summary import render_markdown
 from specwake.results import Push
 from specwake.run.measure.cycle import RESTORE_STEPS, cycle_steps
 from specwake.run.session.assemble import push_of
 from specwake.run.session.check import measurement_plan
+from specwake.weight_updates import KIND_BY_VIA, PUSH_KEYS, RELOAD_KINDS, PushRequest, ReloadKind
 from tests.helpers.builders import tiny_cpu
 from tests.helpers.scenario_texts import MINIMAL
 

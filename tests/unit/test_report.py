@@ -19,7 +19,6 @@ import pytest
 
 from specwake.errors import InputError, ResultsUnwritable
 from specwake.judge.stats import ratio
-from specwake.protocol import RELOAD_KIND
 from specwake.report import (
     STAGE_COLUMNS,
     provenance_line,
@@ -32,6 +31,7 @@ from specwake.report import (
 from specwake.report.summary import EMULATED_NOTE, RESET_NOTE
 from specwake.results import SCHEMA, Push, ScenarioResult, StepResult, VariantResult, from_dict
 from specwake.runfolder import load_result, write_files
+from specwake.weight_updates import RELOAD_KIND
 from tests.helpers.builders import (
     PATCH_SHA,
     SAMPLE,

@@ -21,7 +21,7 @@ from vllm.config.load import LoadConfig  # noqa: E402
 from vllm.model_executor.model_loader import default_loader  # noqa: E402
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader  # noqa: E402
 
-from specwake.protocol import Chosen, TransferChunk  # noqa: E402
+from specwake.weight_updates import Chosen, TransferChunk  # noqa: E402
 from specwake.worker import transfer  # noqa: E402
 from specwake.worker.extension import SpecwakeWorkerExtension  # noqa: E402
 

@@ -16,18 +16,23 @@ require_module("torch")  # torch comes with vLLM; the CLI side never imports it
 
 import torch  # noqa: E402
 
-from specwake import protocol  # noqa: E402
+from specwake import protocol, weight_updates  # noqa: E402
 from specwake.errors import ScenarioError  # noqa: E402
 from specwake.judge.verdict import decide_outcome  # noqa: E402
 from specwake.judge.weights import landed, misroutes  # noqa: E402
 from specwake.prepare.scenario import load_scenario  # noqa: E402
-from specwake.protocol import DRAFT_TO_TARGET, EMPTY_DRAFT, TARGET_ALSO_TO_DRAFT, PushRequest  # noqa: E402
 from specwake.report.details import details  # noqa: E402
 from specwake.report.explain import explain  # noqa: E402
 from specwake.results import Diagnostic  # noqa: E402
 from specwake.run.measure.cycle import cycle_steps  # noqa: E402
 from specwake.run.measure.diagnose import fingerprint_kwargs  # noqa: E402
 from specwake.run.session.assemble import judge_variant  # noqa: E402
+from specwake.weight_updates import (  # noqa: E402
+    DRAFT_TO_TARGET,
+    EMPTY_DRAFT,
+    TARGET_ALSO_TO_DRAFT,
+    PushRequest,  # noqa: E402
+)
 from tests.helpers.builders import stage  # noqa: E402
 from tests.unit.test_judge import held as held_record  # noqa: E402
 from tests.unit.test_judge import prepared, scenario  # noqa: E402
@@ -161,10 +166,10 @@ def test_a_planted_sync_fault_misroutes_a_session_that_still_counts_as_its_model
     fault: str | None, sessions: list[tuple[str, str]]
 ) -> None:
     chunks = {
-        "target": [protocol.TransferChunk("target", "/t", ("a",))],
-        "draft": [protocol.TransferChunk("draft", "/d", ("x",))],
+        "target": [weight_updates.TransferChunk("target", "/t", ("a",))],
+        "draft": [weight_updates.TransferChunk("draft", "/d", ("x",))],
     }
-    push = PushRequest(("target", "draft"), via=protocol.SYNC_VIA, fault=fault)
+    push = PushRequest(("target", "draft"), via=weight_updates.SYNC_VIA, fault=fault)
     steps = cycle_steps(2, emulate_discard=True, push=push, cycle=2, chunks=chunks)
     starts = [s.name for s in steps if s.name.startswith("start_")]
     ends = [s for s in steps if s.addresses is not None]

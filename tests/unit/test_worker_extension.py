@@ -13,7 +13,7 @@ require_module("torch")  # torch comes with vLLM; the CLI side never imports it
 
 import torch  # noqa: E402
 
-from specwake.protocol import Chosen  # noqa: E402
+from specwake.weight_updates import Chosen  # noqa: E402
 from specwake.worker.digest import Sums  # noqa: E402
 from specwake.worker.extension import SpecwakeWorkerExtension  # noqa: E402
 from specwake.worker.finders import find_draft, find_target  # noqa: E402

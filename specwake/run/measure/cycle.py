@@ -16,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specwake import protocol
+from specwake import protocol, weight_updates
 from specwake.errors import InputRejected, RequestFailed, RequestTimeout, ServerFault
-from specwake.protocol import PushAnswer, PushRequest, StepKind, TransferChunk
+from specwake.protocol import StepKind
 from specwake.results import StepResult
 from specwake.run.measure.client import Answer, VllmClient
+from specwake.weight_updates import PushAnswer, PushRequest, TransferChunk
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def cycle_steps(
         chosen = (("rules", rules),) if rules is not None else ()
         steps.append(Step(protocol.DISCARD_STEP, rpc_kwargs=(("fill", fill), *chosen)))
     steps.append(Step(protocol.WAKE_WEIGHTS, (("tags", "weights"),), before_update=push is not None))
-    kind = protocol.KIND_BY_VIA[push.via if push is not None else None]
+    kind = weight_updates.KIND_BY_VIA[push.via if push is not None else None]
     steps += RESTORE_STEPS[kind.name](push, cycle, chunks)
     return [*steps, Step(protocol.WAKE_KV_CACHE, (("tags", "kv_cache"),)), reset]
 
@@ -102,9 +103,9 @@ def reload_steps(push: PushRequest | None, cycle: int, chunks: Chunks | None) ->
 
 def push_steps(push: PushRequest | None, cycle: int, chunks: Chunks | None) -> list[Step]:
     """specwake's push: the checkpoint's tensors loaded into the live models, as RL trainers did, one call per model
-    (protocol.PUSH_ORDER), so that each model's update is judged on its own."""
+    (weight_updates.PUSH_ORDER), so that each model's update is judged on its own."""
     assert push is not None
-    roles = [r for r in protocol.PUSH_ORDER if r in push.to]
+    roles = [r for r in weight_updates.PUSH_ORDER if r in push.to]
     return [
         Step(protocol.PUSH_STEP, rpc_kwargs=(("request", replace(push, to=(role,)).to_json()),), addresses=role,
              last_update=role == roles[-1])
@@ -120,15 +121,15 @@ def sync_steps(push: PushRequest | None, cycle: int, chunks: Chunks | None) -> l
     assert push is not None
     steps = [Step(protocol.INIT_TRANSFER, body={"init_info": {}})] if cycle == 1 else []
     sessions = []  # (the model addressed, the session's start, the chunks it sends)
-    for role in (r for r in protocol.SYNC_ORDER if r in push.to):
+    for role in (r for r in weight_updates.SYNC_ORDER if r in push.to):
         # `chunks` None: a description (`check`), one call stands for all; a session left with none sends nothing
         sent = [TransferChunk(role, "…", ())] if chunks is None else chunks.get(role, [])
         start = protocol.START_DRAFT_UPDATE if role == "draft" else protocol.START_UPDATE
-        if role == "draft" and push.fault == protocol.DRAFT_TO_TARGET:
+        if role == "draft" and push.fault == weight_updates.DRAFT_TO_TARGET:
             start = protocol.START_UPDATE
-        sent = [] if role == "draft" and push.fault == protocol.EMPTY_DRAFT else sent
+        sent = [] if role == "draft" and push.fault == weight_updates.EMPTY_DRAFT else sent
         sessions.append((role, start, sent))
-        if role == "target" and push.fault == protocol.TARGET_ALSO_TO_DRAFT:
+        if role == "target" and push.fault == weight_updates.TARGET_ALSO_TO_DRAFT:
             sessions.append((role, protocol.START_DRAFT_UPDATE, sent))
     for i, (role, start, sent) in enumerate(sessions):
         last = i == len(sessions) - 1
@@ -140,11 +141,11 @@ def sync_steps(push: PushRequest | None, cycle: int, chunks: Chunks | None) -> l
     return steps
 
 
-# The steps that bring the weights back after `wake_weights`, per protocol.RELOAD_KINDS row.
+# The steps that bring the weights back after `wake_weights`, per weight_updates.RELOAD_KINDS row.
 RESTORE_STEPS: dict[str, Callable[[PushRequest | None, int, Chunks | None], list[Step]]] = {
-    protocol.RELOAD_KIND.name: reload_steps,
-    protocol.PUSH_KIND.name: push_steps,
-    protocol.SYNC_KIND.name: sync_steps,
+    weight_updates.RELOAD_KIND.name: reload_steps,
+    weight_updates.PUSH_KIND.name: push_steps,
+    weight_updates.SYNC_KIND.name: sync_steps,
 }
 
 

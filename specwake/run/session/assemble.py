@@ -32,8 +32,8 @@ from specwake.prepare.plan import redact_env
 from specwake.prepare.releases import TESTED_RELEASES
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant
-from specwake.protocol import Chosen, PushRequest
 from specwake.results import INCOMPLETE, Diagnostic, Push, ScenarioResult, StageResult, StepResult, VariantResult
+from specwake.weight_updates import Chosen, PushRequest
 
 
 @dataclass

@@ -40,12 +40,13 @@ from specwake.prepare.variants import (
     untested_releases,
     validate_run,
 )
-from specwake.protocol import ROLES, PushRequest, rules_name
+from specwake.protocol import ROLES, rules_name
 from specwake.run.measure.cycle import cycle_steps
 from specwake.run.session.runner import Work, launch_order, mode_line, packing_mode, server_jobs
 from specwake.run.session.schedule import plan_schedule
 from specwake.run.session.session import refuse_invisible_gpus, refuse_same_names, visible_gpus
 from specwake.runfolder import RunLayout
+from specwake.weight_updates import PushRequest
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from specwake import protocol
+from specwake import protocol, weight_updates
 from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFailed
 from specwake.events import Event, Events
 from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
@@ -20,7 +20,6 @@ from specwake.judge.verdict import speed_rule
 from specwake.prepare.plan import GROUP_PORTS, PORT_UNSET, VariantPlan, warm_startable
 from specwake.prepare.scenario import Scenario
 from specwake.prepare.variants import PreparedVariant, check_imports, plan_servers, uses_ray
-from specwake.protocol import KIND_BY_VIA, PushRequest, TransferChunk
 from specwake.results import STAGE_FINGERPRINTS, StepResult, VariantResult
 from specwake.run.measure import diagnose
 from specwake.run.measure.client import FannedClient, VllmClient
@@ -32,6 +31,7 @@ from specwake.run.measure.metrics import OperationClock
 from specwake.run.server import raycluster
 from specwake.run.server.server import Server, ServerGroup, ServerSpec, describe_exit, free_port, local_client
 from specwake.run.session.assemble import VariantRecord, judge_variant, push_of
+from specwake.weight_updates import KIND_BY_VIA, PushRequest, TransferChunk
 
 LOG_SCAN_LINES = 400  # log lines handed to crash classification
 LOG_EXCERPT_LINES = 40  # log lines kept in the result
@@ -268,7 +268,7 @@ class VariantRun:
             sent[role] = [TransferChunk.from_dict(c) for c in (answers[0] if answers else [])]
         if push.changes:
             names = {role: [n for chunk in chunks for n in chunk.loaded_names] for role, chunks in sent.items()}
-            chosen, unmatched = protocol.choose(names, push.scale, push.skip)
+            chosen, unmatched = weight_updates.choose(names, push.scale, push.skip)
             if unmatched:
                 how = KIND_BY_VIA[push.via].noun
                 picks = "; ".join(
