@@ -293,7 +293,7 @@ class VariantResult:
     seconds: float = 0.0
     # What the workers answered at each probe point ("after fresh", "after discard", "after reload_weights", ...)
     diagnostics: list[Diagnostic] = field(default_factory=list)
-    findings: list[str] = field(default_factory=list)  # problems beyond the outcome (see verdict.findings)
+    findings: list[str] = field(default_factory=list)  # problems beyond the outcome (see judge/findings.py)
     push: Push | None = None  # when cycles push or sync weights instead of reloading
     # With data parallelism: engine → the outcome its own AL gives (the variant's is the worst); {} for one engine
     engine_outcomes: dict[str, str] = field(default_factory=dict)

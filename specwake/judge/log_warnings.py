@@ -1,6 +1,6 @@
 """What a server's log says that bears on a sleep/wake cycle: the warnings vLLM prints, quoted as printed (a variant's
 result keeps them, and the report quotes them beside the variant's verdict), and how long the server's first load of
-its weights took (what its wake is measured against: specwake.judge.verdict.findings).
+its weights took (what its wake is measured against: specwake.judge.findings).
 
 Pure: log lines in, quotes and seconds out (specwake.run.session.variant_run hands each server log's lines here).
 """

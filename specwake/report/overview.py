@@ -9,14 +9,8 @@ import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from specwake.judge.verdict import (
-    GROSS_LOSS_RATIO,
-    NOT_TESTED,
-    gross_loss,
-    recorded_speed_rule,
-    speed_after_cycles,
-    wake_ratio,
-)
+from specwake.judge.findings import wake_ratio
+from specwake.judge.verdict import GROSS_LOSS_RATIO, NOT_TESTED, gross_loss, recorded_speed_rule, speed_after_cycles
 from specwake.prepare.releases import TESTED_RELEASES, is_tested
 from specwake.report.explain import NOT_RUN
 from specwake.report.markdown import MISSING, cell, inline

@@ -13,15 +13,8 @@ from dataclasses import replace
 import pytest
 
 from specwake.judge.expectations import Limits
-from specwake.judge.verdict import (
-    METRICS_DISAGREE,
-    decide_outcome,
-    decide_verdict,
-    engine_stages,
-    findings,
-    outcome_matches,
-    worst,
-)
+from specwake.judge.findings import METRICS_DISAGREE, findings
+from specwake.judge.verdict import decide_outcome, decide_verdict, engine_stages, outcome_matches, worst
 from specwake.report import render_markdown, stages_frame
 from specwake.report.explain import explain
 from specwake.report.junit import render_junit

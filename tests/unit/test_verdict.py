@@ -13,13 +13,13 @@ import pytest
 from specwake.errors import EXIT_FAIL, EXIT_INFRA, EXIT_INPUT, EXIT_PASS
 from specwake.judge.crashes import ERROR_CLASSES, MEANINGS
 from specwake.judge.expectations import COLLAPSE_AL, DEFAULT_MIN_SPEEDUP, EXPECTATIONS, Limits
+from specwake.judge.findings import findings
 from specwake.judge.verdict import (
     GROSS_LOSS_RATIO,
     OUTCOMES,
     decide_outcome,
     decide_verdict,
     exit_code,
-    findings,
     judges_drafter,
     outcome_matches,
     sleep_ignored,

@@ -1,5 +1,5 @@
 """Wake and reload time as evidence (issue 48, item 3): the server's first load read from vLLM's log
-(specwake.judge.log_warnings), the slow-wake finding against it (specwake.judge.verdict.slow_wake,
+(specwake.judge.log_warnings), the slow-wake finding against it (specwake.judge.findings.slow_wake,
 expect.max_wake_ratio), the PR table's wake column (specwake.report.overview) and `compare`'s wake rows
 (specwake.judge.compare, specwake.judge.trend.wake_call), on planted numbers and on log lines vLLM CPU 0.32 printed.
 """
@@ -14,9 +14,9 @@ import pytest
 from specwake.errors import ScenarioError
 from specwake.judge.compare import WAKE_STAGE, compare, exit_code
 from specwake.judge.expectations import DEFAULT_MAX_WAKE_RATIO, MIN_FIRST_LOAD_S, Limits
+from specwake.judge.findings import findings, slow_wake
 from specwake.judge.log_warnings import first_load_seconds
 from specwake.judge.trend import WAKE_RISE_WITHOUT_SPREAD, wake_call
-from specwake.judge.verdict import findings, slow_wake
 from specwake.prepare.scenario import load_scenario
 from specwake.report.compare import render_comparison_markdown
 from specwake.report.overview import wake_cell

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specwake import __version__
+from specwake.judge.findings import findings
 from specwake.judge.verdict import (
     decide_outcome,
     decide_verdict,
     engine_stages,
-    findings,
     judges_drafter,
     outcome_matches,
     perturbed_models,
