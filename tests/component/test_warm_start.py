@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,7 @@ import pytest
 
 from specwake.run.server.groups import start_ticks
 from specwake.run.server.server import Server, ServerSpec, free_port
-from specwake.run.server.warm import LOST, SWITCH, WarmStarts
+from specwake.run.server.warm import LOST, SWITCH, WarmStarts, launcher_key
 from tests.helpers.paths import REPO
 from tests.helpers.procs import running
 
@@ -114,6 +115,27 @@ def test_servers_of_another_environment_get_a_launcher_of_their_own(tmp_path: Pa
         assert len(launcher_pids(pool)) == 2
         assert [facts(first)["value"], facts(second)["value"]] == ["a", "b"]
         assert facts(first)["imported_by"] != facts(second)["imported_by"]
+
+
+def test_a_launcher_with_servers_still_to_come_outlives_an_idle_one_used_more_recently(tmp_path: Path) -> None:
+    """Two launchers at most: a, then b, then c needs one retired. `a` has a server still to come (expect) and `b`
+    none, so b goes, though a is the least recently used; a's next server is forked from the launcher that made its
+    imports. Without `expect`, a would go (least recently used) and import again."""
+    pool = WarmStarts(limit=2)
+    try:
+        specs = {name: warm_spec(tmp_path, name, WARM_TEST_VALUE=name) for name in ("a", "b", "c", "a2")}
+        specs["a2"] = replace(specs["a2"], env={**specs["a2"].env, "WARM_TEST_VALUE": "a"})
+        keys = {name: launcher_key(spec.argv, spec.env) for name, spec in specs.items()}
+        assert keys["a"] == keys["a2"] and len(set(keys.values())) == 3
+        pool.expect(keys[name] for name in ("a", "b", "c", "a2"))
+        imported = {}
+        for name in ("a", "b", "c", "a2"):
+            with running(server(specs[name], pool)):
+                imported[name] = facts(specs[name])["imported_by"]
+        assert imported["a2"] == imported["a"]  # the same launcher: no second import
+        assert len(launcher_pids(pool)) == 2
+    finally:
+        pool.close()
 
 
 def test_a_launcher_whose_imports_start_a_thread_forks_nothing_and_its_servers_start_cold(

@@ -4,7 +4,8 @@ server's code once and forks each server from there, so a CPU server skips the i
 One launcher serves the servers of one interpreter, module and environment (``PYTHONPATH`` included: a patched
 variant's overlay is a launcher of its own), the binding of threads to cores aside, which vLLM's worker reads when it
 starts. It is started when the first such server starts (that server waits for the imports, as a cold start does) and
-kept for the next ones, up to LAUNCHERS at a time: the least recently used idle one goes first. A launcher that cannot
+kept for the next ones, up to LAUNCHERS at a time: an idle one whose servers have all come goes first (a run says which
+are to come: `WarmStarts.expect`), then the least recently used idle one. A launcher that cannot
 start, or refuses to fork, is noted and its servers start cold; ``SPECWAKE_WARM_START=0`` in specwake's environment
 starts every server cold.
 
@@ -23,8 +24,8 @@ import os
 import subprocess
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -236,8 +237,17 @@ class WarmStarts:
     def __init__(self, limit: int = LAUNCHERS) -> None:
         self.limit = limit
         self._launchers: OrderedDict[Key, Launcher] = OrderedDict()
+        self._ahead: Counter[Key] = Counter()  # servers still to come, by launcher (expect)
         self._lock = threading.Lock()
         self._made = 0
+
+    def expect(self, keys: Iterable[Key]) -> None:
+        """The launchers of the servers a run is about to start, one key per server: a launcher none of whose servers is
+        left to come is retired before one that has some (then the least recently used). In key order, the shared e2e
+        run's stock V2 servers came back after eight other kinds: the least recently used rule retired their launcher
+        in between, and the next one imported again."""
+        with self._lock:
+            self._ahead.update(keys)
 
     def launcher(
         self, argv: list[str], env: Mapping[str, str], log_dir: Path, cpus: tuple[int, ...] = ()
@@ -248,6 +258,8 @@ class WarmStarts:
             return None
         key = launcher_key(argv, env)
         with self._lock:
+            if self._ahead[key] > 0:
+                self._ahead[key] -= 1
             launcher = self._launchers.get(key)
             if launcher is None:
                 self._made += 1
@@ -269,9 +281,11 @@ class WarmStarts:
         return launcher
 
     def _retire(self) -> list[Launcher]:
-        """Idle launchers beyond the limit, least recently used first, taken out of the pool (called locked)."""
+        """Idle launchers beyond the limit, taken out of the pool (called locked): first those with no server left to
+        come (expect), then the others, each the least recently used first."""
         retired: list[Launcher] = []
-        for key in list(self._launchers)[:-1]:
+        older = list(self._launchers)[:-1]  # the newest is the one just asked for
+        for key in sorted(older, key=lambda k: self._ahead[k] > 0):  # stable: least recently used first within each
             if len(self._launchers) <= self.limit:
                 break
             if self._launchers[key].idle():

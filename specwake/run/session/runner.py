@@ -20,7 +20,7 @@ from specwake.prepare.variants import PreparedVariant, plan_servers
 from specwake.report import run_files
 from specwake.results import ScenarioResult, VariantResult
 from specwake.run.measure.gate import AnyTime, Gate, Quiet, Turns
-from specwake.run.server.warm import LAUNCHERS, Key, launcher_key
+from specwake.run.server.warm import LAUNCHERS, WARM_STARTS, Key, launcher_key
 from specwake.run.server.warm import SWITCH as WARM_SWITCH
 from specwake.run.session.assemble import VariantRecord, host_info, judge_scenario, judge_variant, now_iso
 from specwake.run.session.schedule import Job, priority, run_packed, side_by_side
@@ -250,7 +250,12 @@ def server_jobs(work: Sequence[Work]) -> list[Job]:
             for p in w.prepared]  # fmt: skip
 
 
-def launch_order(work: Sequence[Work]) -> list[Job]:
+def launcher_kinds(work: Sequence[Work]) -> list[Key | None]:
+    """`launcher_of` each variant of `work`, in server_jobs' order."""
+    return [launcher_of(w.scenario, p) for w in work for p in w.prepared]
+
+
+def launch_order(work: Sequence[Work], kinds: Sequence[Key | None] | None = None) -> list[Job]:
     """The jobs of `server_jobs`, the first server of each warm launcher ranked ahead of the rest (est_seconds; the
     scheduler starts the longest first): it waits for its launcher's imports, so servers of different launchers
     started together make their imports side by side, each on its own cores. In key order, the first two servers of
@@ -261,7 +266,7 @@ def launch_order(work: Sequence[Work]) -> list[Job]:
     retires the least recently used idle one, so ranking every kind first retired the first launchers before the rest
     of their servers came, and those imported again (the shared e2e run: 38 launchers for its 33 kinds)."""
     jobs = server_jobs(work)
-    kinds = [launcher_of(w.scenario, p) for w in work for p in w.prepared]
+    kinds = launcher_kinds(work) if kinds is None else kinds
     first: dict[Key, Job] = {}
     for job, kind in sorted(zip(jobs, kinds, strict=True), key=lambda pair: priority(pair[0])):
         if kind is not None and len(first) < LAUNCHERS:
@@ -306,7 +311,9 @@ def run_packed_scenarios(
     turns = Turns(cancel) if mode == "overlapped" else AnyTime()
     # On GPUs the deciding stages take turns, not whole variants; one server at a time measures alone anyway.
     gate = Quiet(cancel) if mode == "packed" else Gate(alone=alone_on_machine(mode != "parallel", machine_alone))
-    jobs = launch_order(work)
+    kinds = launcher_kinds(work)
+    jobs = launch_order(work, kinds)
+    WARM_STARTS.expect(kind for kind in kinds if kind is not None)
     events(Event(mode_line(mode, len(jobs))))
     unit = "cores" if cpu else "GPUs"
     recorders: list[Recorder] = []
