@@ -200,9 +200,8 @@ class WorkloadSection(_Strict):
 
 Level = Literal[1, 2]
 PushTarget = Literal["target", "draft"]
-PushFault = Literal[
-    "draft-to-target", "empty-draft", "target-also-to-draft"
-]  # weight_updates.PUSH_FAULTS (a unit test)
+# weight_updates.PUSH_FAULTS (a unit test holds the two alike)
+PushFault = Literal["draft-to-target", "empty-draft", "target-also-to-draft"]
 _TARGET_ONLY: list[PushTarget] = ["target"]  # what most RL trainers push
 
 

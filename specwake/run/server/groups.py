@@ -45,8 +45,7 @@ def live_group_members(pgid: int) -> list[int]:
     for entry in PROC.iterdir():
         if not entry.name.isdigit():
             continue
-        fields = _stat(int(entry.name))
-        if fields is not None and fields[0] != "Z" and _in_group(fields, pgid):
+        if _live_in(int(entry.name), pgid):
             members.append(int(entry.name))
     return members
 
@@ -55,13 +54,14 @@ def members_now(known: list[int], pgid: int) -> list[int]:
     """The live members of group `pgid`, given `known`, an earlier reading: those of them still in it, read one by one
     (a few /proc reads where live_group_members reads every process's), or the whole group read again once none is,
     as a member forked since would be missed."""
-    left = [pid for pid in known if (fields := _stat(pid)) is not None and fields[0] != "Z" and _in_group(fields, pgid)]
-    return left or live_group_members(pgid)
+    return [pid for pid in known if _live_in(pid, pgid)] or live_group_members(pgid)
 
 
-def _in_group(fields: list[str], pgid: int) -> bool:
+def _live_in(pid: int, pgid: int) -> bool:
+    """Whether process `pid` lives (is no zombie) in group `pgid`."""
+    fields = _stat(pid)
     try:
-        return int(fields[2]) == pgid
+        return fields is not None and fields[0] != "Z" and int(fields[2]) == pgid
     except (IndexError, ValueError):
         return False
 

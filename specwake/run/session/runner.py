@@ -262,9 +262,9 @@ def launch_order(work: Sequence[Work], kinds: Sequence[Key | None] | None = None
     the CPU family scenarios were two of one launcher (`baseline`, `baseline-0.34`): one core made the imports while
     the other waited for them, about 6 s of a 67 s run.
 
-    At most LAUNCHERS kinds are ranked so, the first in the scheduler's order: a launcher beyond the pool's limit
-    retires the least recently used idle one, so ranking every kind first retired the first launchers before the rest
-    of their servers came, and those imported again (the shared e2e run: 38 launchers for its 33 kinds)."""
+    At most LAUNCHERS kinds are ranked so, the first in the scheduler's order: the pool keeps that many launchers, so
+    ranking every kind first would start more launchers than it keeps, each with servers still to come, and the first
+    would be retired before the rest of their servers came, to import again."""
     jobs = server_jobs(work)
     kinds = launcher_kinds(work) if kinds is None else kinds
     first: dict[Key, Job] = {}
