@@ -132,14 +132,15 @@ def test_sigkill_of_specwake_mid_stage_stops_every_server_group(
 ) -> None:
     """CPU: both variants' servers side by side (the default); GPU (fake CUDA, 2 GPUs, packed): two servers up, the
     third variant waiting for a GPU; warm CPU: the two servers forked from one warm launcher (the variants differ in
-    name only), which must exit too. specwake is SIGKILLed while a server measures its fresh stage."""
+    name only), which must exit too, and so must the base it was forked from. specwake is SIGKILLed while a server
+    measures its fresh stage."""
     gpu, warm = platform == "gpu", platform == "cpu-warm"
     variants = ["baseline", "patched", "third"] if gpu else ["baseline", "patched"]
     proc = start_run(engine, tmp_path, variants, **(GPUS if gpu else {WARM_SWITCH: "1"} if warm else {}))
     try:
         wait_until_measuring(proc, servers=2)
-        # two API servers, each with its "engine core", and where they were forked warm their launcher
-        assert len(engine.survivors()) == 4 + warm
+        # two API servers, each with its "engine core", and where they were forked warm their launcher and its base
+        assert len(engine.survivors()) == 4 + 2 * warm
         hard_kill(proc)
         seconds = wait_gone(engine, GONE_WITHIN_S)
     finally:

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from specwake.prepare.overlay import MANIFEST
 from specwake.run.server.groups import start_ticks
 from specwake.run.server.server import Server, ServerSpec, free_port
 from specwake.run.server.warm import LOST, SWITCH, WarmStarts, launcher_key
@@ -115,6 +116,30 @@ def test_servers_of_another_environment_get_a_launcher_of_their_own(tmp_path: Pa
         assert len(launcher_pids(pool)) == 2
         assert [facts(first)["value"], facts(second)["value"]] == ["a", "b"]
         assert facts(first)["imported_by"] != facts(second)["imported_by"]
+
+
+def test_launchers_that_differ_by_an_overlay_share_a_base_which_imports_their_libraries_once(
+    tmp_path: Path, pool: WarmStarts
+) -> None:
+    """Three patched vLLMs (overlays, each first on PYTHONPATH): one base forks the three launchers. The first
+    launcher imports everything and says what; the base then imports all of it but vllm, so the later servers find the
+    libraries imported by the base and each its own overlay's vllm, imported by its launcher."""
+    specs = []
+    for name in ("a", "b", "c"):
+        root = tmp_path / f"overlay-{name}"
+        (root / "vllm").mkdir(parents=True)
+        (root / "vllm" / "__init__.py").write_text(f"WHERE = {name!r}\n")
+        (root / MANIFEST).write_text("{}\n")
+        specs.append(warm_spec(tmp_path, name, WARM_TEST_OVERLAY="1", PYTHONPATH=f"{root}:{PYTHONPATH}"))
+    seen = []
+    for spec in specs:
+        with running(server(spec, pool)):
+            seen.append(facts(spec))
+    launchers = list(pool._launchers.values())
+    (base,) = {launcher.base for launcher in launchers}
+    assert [fact["overlay"] for fact in seen] == ["a", "b", "c"]
+    assert [fact["imported_by"] for fact in seen] == [launchers[0].pid, base.pid, base.pid]
+    assert base.preloaded and "vllm" not in base.modules and "tests.helpers.warm_imports" in base.modules
 
 
 def test_a_launcher_with_servers_still_to_come_outlives_an_idle_one_used_more_recently(tmp_path: Path) -> None:

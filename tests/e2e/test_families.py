@@ -146,8 +146,8 @@ def test_every_family_ran_on_model_runner_v2(run: dict[str, Any]) -> None:
 
 def test_the_servers_were_forked_warm_from_launchers_that_imported_vllm_once_and_are_gone(run: dict[str, Any]) -> None:
     """Every server of the matrix was forked from a warm launcher (specwake.run.server.warm): one per vLLM (stock,
-    each overlay) and environment, so fewer launchers than servers; the ALs and outputs asserted here are theirs. No
-    launcher outlives the run."""
+    each overlay) and environment, so fewer launchers than servers, each forked from the base of its environment, so
+    fewer bases than launchers; the ALs and outputs asserted here are theirs. No launcher or base outlives the run."""
     variants = [v for result in run["results"].values() for v in result["variants"]]
     assert {v["info"]["start"] for v in variants} == {"warm"}
     forked = [
@@ -155,7 +155,9 @@ def test_the_servers_were_forked_warm_from_launchers_that_imported_vllm_once_and
     ]
     launchers = {int(match.group(1)) for match in forked if match is not None}
     assert all(forked) and 1 < len(launchers) < len(variants)
-    assert [pid for pid in launchers if start_ticks(pid) is not None] == []
+    bases = {int(m) for v in variants for m in re.findall(r"its base: pid (\d+)", Path(v["log_path"]).read_text())}
+    assert 0 < len(bases) < len(launchers)  # launchers of one environment, stock or patched, share a base
+    assert [pid for pid in launchers | bases if start_ticks(pid) is not None] == []
 
 
 @pytest.mark.parametrize("scenario", sorted(FAMILIES))

@@ -186,7 +186,7 @@ class Server:
             return None
         self._log_file.write(
             f"# warm start: forked from launcher pid {launcher.pid}, whose imports took {launcher.import_s} s"
-            f" (its log: {launcher.log_path.name})\n".encode()
+            f" (its log: {launcher.log_path.name}; its base: pid {launcher.base.pid})\n".encode()
         )
         self._log_file.flush()
         try:

@@ -9,6 +9,13 @@ are to come: `WarmStarts.expect`), then the least recently used idle one. A laun
 start, or refuses to fork, is noted and its servers start cold; ``SPECWAKE_WARM_START=0`` in specwake's environment
 starts every server cold.
 
+A launcher is forked from a base (class Base): one per interpreter, module and environment with the overlays left out
+of ``PYTHONPATH``, started with the first of its launchers. The first launchers of a base import everything, as a cold
+start would, and the first of them tells the base which modules that made; the base then imports those that no
+overlay replaces (all but vLLM) before its next fork, so each later launcher imports vLLM alone: about 1 s against
+7 s on a 2-core machine. The shared e2e run has 33 launchers and few bases; each of its patched variants used to pay
+the whole import.
+
 A server forked by a launcher is a child of the launcher, not of specwake: `WarmProcess` gives specwake what it asks of
 a ``subprocess.Popen`` (pid, poll, wait), from the exit codes the launcher reports. The server's session, process
 group, watchdog and record are a cold server's (server.py). A launcher exits at end of its input: when specwake closes
@@ -18,9 +25,12 @@ it, or dies.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
+import signal
+import socket
 import subprocess
 import threading
 import time
@@ -29,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from specwake.prepare.overlay import MANIFEST, PACKAGE
 from specwake.run.server.groups import start_ticks
 
 log = logging.getLogger(__name__)
@@ -36,7 +47,7 @@ log = logging.getLogger(__name__)
 LAUNCHER_MODULE = "specwake.worker.warm"
 SWITCH = "SPECWAKE_WARM_START"
 PER_SERVER = frozenset({"VLLM_CPU_OMP_THREADS_BIND"})  # read by vLLM's CPU worker when it starts, not at import
-LAUNCHERS = 8  # live at once, at most (each holds about 0.6 GB: torch and vLLM imported)
+LAUNCHERS = 8  # live at once, at most (each holds about 0.6 GB: torch and vLLM imported, mostly shared with its base)
 READY_TIMEOUT_S = 300.0  # for a launcher's imports, as long as a server's start may take
 ANSWER_TIMEOUT_S = 30.0  # for a fork
 CLOSE_TIMEOUT_S = 5.0
@@ -52,6 +63,21 @@ def launcher_key(argv: list[str], env: Mapping[str, str]) -> Key:
     """What a launcher has in common with the servers it forks: interpreter, module (``python -m MODULE``) and the
     environment of its imports."""
     return argv[0], argv[2], tuple(sorted((k, v) for k, v in env.items() if k not in PER_SERVER))
+
+
+def base_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a launcher's base: the launcher's, without the overlays on ``PYTHONPATH`` (specwake's
+    patched vLLMs, specwake.prepare.overlay: a folder that holds its manifest)."""
+    shared = dict(env)
+    if "PYTHONPATH" in env:
+        entries = env["PYTHONPATH"].split(os.pathsep)
+        shared["PYTHONPATH"] = os.pathsep.join(e for e in entries if not (e and Path(e, MANIFEST).is_file()))
+    return shared
+
+
+def base_key(argv: list[str], env: Mapping[str, str]) -> Key:
+    """What the launchers of one base have in common: their key, overlays aside."""
+    return launcher_key(argv, base_env(env))
 
 
 class WarmProcess:
@@ -74,32 +100,33 @@ class WarmProcess:
         return code
 
 
-class Launcher:
-    """One warm launcher process: started by `start`, forks a server per `fork`, closed by `close`."""
+class Base:
+    """One base process (specwake.worker.warm): the launchers of one interpreter, module and environment,
+    ``PYTHONPATH``'s overlays aside, are its forks (branches). Once a branch has told which modules its imports made,
+    the base imports those no overlay can replace before its next fork, so that a later branch imports vLLM alone."""
 
-    def __init__(self, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
-        self.python, self.module = argv[0], argv[2]
+    def __init__(self, python: str, module: str, env: Mapping[str, str], log_path: Path) -> None:
+        self.python, self.module = python, module
         self.env = dict(env)
         self.log_path = log_path
-        self.import_s: float | None = None
         self.failure: str | None = None
+        self.modules: list[str] | None = None  # what a branch's imports made, once one has told
+        self.added: dict[str, str] = {}  # the environment variables they set
+        self.preloaded = False  # whether the base has imported them
         self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
         self._news = threading.Condition()
         self._answers: list[dict[str, Any]] = []
-        self._codes: dict[int, int] = {}
-        self._forked: set[int] = set()
         self._gone = False
         self._start_lock = threading.Lock()
-        self._fork_lock = threading.Lock()
+        self._branch_lock = threading.Lock()
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
     def start(self, cpus: tuple[int, ...] = ()) -> None:
-        """Start the launcher, once, held to `cpus` (the cores of the server that needs it first: its imports take
-        that server's cores, as its own cold start would, and leave a neighbour's measurement alone), and wait for its
-        imports; LauncherFailed (then and at every later call) when it cannot."""
+        """Start the base, once, held to `cpus`; LauncherFailed (then and at every later call) when it cannot."""
         with self._start_lock:
             if self.failure is not None:
                 raise LauncherFailed(self.failure)
@@ -113,32 +140,178 @@ class Launcher:
                 raise
 
     def _start(self, cpus: tuple[int, ...]) -> None:
-        read_fd, write_fd = os.pipe()
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with open(self.log_path, "ab") as out:
                 self._proc = subprocess.Popen(
-                    [self.python, "-m", LAUNCHER_MODULE, self.module, str(write_fd)],
+                    [self.python, "-m", LAUNCHER_MODULE, self.module, str(theirs.fileno())],
                     env=self.env,
-                    stdin=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    pass_fds=(write_fd,),
+                    pass_fds=(theirs.fileno(),),
                     start_new_session=True,  # a Ctrl-C reaches specwake alone, which closes it
                 )
             if cpus:
                 os.sched_setaffinity(self._proc.pid, cpus)
         except OSError as exc:
-            os.close(read_fd)
+            mine.close()
             raise LauncherFailed(f"cannot launch {self.python!r}: {exc}") from exc
         finally:
-            os.close(write_fd)
-        threading.Thread(target=self._read, args=(os.fdopen(read_fd, "rb"),), daemon=True).start()
+            theirs.close()
+        self._sock = mine
+        threading.Thread(target=self._read, args=(mine.makefile("rb"),), daemon=True).start()
+        ready = self._next_answer(READY_TIMEOUT_S)
+        if not ready.get("ready"):
+            raise LauncherFailed(ready.get("why") or "no answer")
+
+    def branch(
+        self, env: Mapping[str, str], log_path: Path, cpus: tuple[int, ...], tell: bool
+    ) -> tuple[int, IO[bytes], IO[bytes]]:
+        """A launcher forked from the base, with `env` (its ``PYTHONPATH`` included), output appended to `log_path`,
+        held to `cpus`, told to say what its imports made where `tell`: its pid, and the pipes to write its requests to
+        and read its answers from."""
+        differs = {
+            name: env.get(name)
+            for name in env.keys() | self.env.keys()
+            if env.get(name) != self.env.get(name) and name != "PYTHONPATH"
+        }
+        with self._branch_lock:
+            sock = self._sock
+            if self.failure is not None or sock is None:
+                raise LauncherFailed(self.failure or "its base is not running")
+            request: dict[str, Any] = {
+                "log": str(log_path),
+                "env": differs,
+                "pythonpath": {"base": self.env.get("PYTHONPATH", ""), "branch": env.get("PYTHONPATH", "")},
+                "own": [PACKAGE],
+                "tell": tell,
+            }
+            if not self.preloaded and self.modules is not None:
+                request |= {"modules": self.modules, "added": self.added}
+            requests_in, requests_out = os.pipe()
+            replies_in, replies_out = os.pipe()
+            try:
+                if cpus:  # the base imports the libraries, if it does, and the branch its vLLM, on the server's cores
+                    os.sched_setaffinity(self.pid or 0, cpus)
+                data = (json.dumps({"branch": request}) + "\n").encode()
+                sent = socket.send_fds(sock, [data], [requests_in, replies_out])
+                sock.sendall(data[sent:])
+            except OSError as exc:
+                for fd in (requests_out, replies_in):
+                    os.close(fd)
+                self.failure = f"the base does not listen: {exc}"
+                raise LauncherFailed(self.failure) from exc
+            finally:
+                os.close(requests_in)
+                os.close(replies_out)
+            answer = self._next_answer(READY_TIMEOUT_S)
+            if "branched" not in answer:
+                os.close(requests_out)
+                os.close(replies_in)
+                self.failure = answer.get("failed") or answer.get("why", "no answer")
+                raise LauncherFailed(self.failure)
+            if answer.get("preloaded") is not None:
+                self.preloaded = True
+                log.info("warm base pid %s imported the libraries in %.1f s", self.pid, answer["preloaded"])
+        return int(answer["branched"]), os.fdopen(requests_out, "wb"), os.fdopen(replies_in, "rb")
+
+    def learn(self, modules: list[str], added: dict[str, str]) -> None:
+        """What a branch's imports made, for the base to import before its next fork."""
+        with self._branch_lock:
+            if self.modules is None:
+                self.modules, self.added = modules, added
+
+    def close(self) -> None:
+        """End of input: the base exits (its branches live on, each until its own input ends)."""
+        sock, proc = self._sock, self._proc
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout=CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _read(self, replies: IO[bytes]) -> None:
+        with replies:
+            with contextlib.suppress(OSError, ValueError):
+                for line in replies:
+                    with self._news:
+                        self._answers.append(json.loads(line))
+                        self._news.notify_all()
+        with self._news:
+            self._gone = True
+            self._news.notify_all()
+
+    def _next_answer(self, timeout: float) -> dict[str, Any]:
+        with self._news:
+            if not self._news.wait_for(lambda: self._answers or self._gone, timeout):
+                return {"why": f"no answer within {timeout:g} s"}
+            if self._answers:
+                return self._answers.pop(0)
+        code = self._proc.poll() if self._proc is not None else None
+        return {"why": f"the base exited (code {code}); its log: {self.log_path}"}
+
+
+class Launcher:
+    """One warm launcher, a branch of its base: started by `start`, forks a server per `fork`, closed by `close`."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], log_path: Path, base: Base) -> None:
+        self.python, self.module = argv[0], argv[2]
+        self.env = dict(env)
+        self.log_path = log_path
+        self.base = base
+        self.import_s: float | None = None
+        self.failure: str | None = None
+        self._pid: int | None = None
+        self._requests: IO[bytes] | None = None
+        self._news = threading.Condition()
+        self._answers: list[dict[str, Any]] = []
+        self._codes: dict[int, int] = {}
+        self._forked: set[int] = set()
+        self._gone = False
+        self._start_lock = threading.Lock()
+        self._fork_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    def start(self, cpus: tuple[int, ...] = ()) -> None:
+        """Start the launcher, once, forked from its base (started now if need be) and held to `cpus` (the cores of
+        the server that needs it first: its imports take that server's cores, as its own cold start would, and leave a
+        neighbour's measurement alone), and wait for its imports; LauncherFailed (then and at every later call) when
+        it cannot."""
+        with self._start_lock:
+            if self.failure is not None:
+                raise LauncherFailed(self.failure)
+            if self._pid is not None:
+                return
+            try:
+                self._start(cpus)
+            except LauncherFailed as exc:
+                self.failure = str(exc)
+                self.close()
+                raise
+
+    def _start(self, cpus: tuple[int, ...]) -> None:
+        self.base.start(cpus)
+        tell = self.base.modules is None
+        self._pid, self._requests, replies = self.base.branch(self.env, self.log_path, cpus, tell)
+        threading.Thread(target=self._read, args=(replies,), daemon=True).start()
         ready = self._next_answer(READY_TIMEOUT_S)
         if not ready.get("ready"):
             raise LauncherFailed(ready.get("why", "no answer"))
         self.import_s = ready.get("import_s")
-        log.info("warm launcher pid %d ready after %.1f s of imports, log %s", self.pid, self.import_s, self.log_path)
+        if "modules" in ready:
+            self.base.learn(ready["modules"], ready.get("added", {}))
+        log.info("warm launcher pid %d ready after %.1f s of imports, log %s", self._pid, self.import_s, self.log_path)
 
     def fork(self, args: list[str], env: Mapping[str, str], log_path: Path, cpus: tuple[int, ...]) -> WarmProcess:
         """A server forked from the launcher: ``python -m MODULE *args`` with `env`, output appended to `log_path`,
@@ -157,12 +330,12 @@ class Launcher:
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
         """Send one request and take its answer; a launcher that no longer listens is marked failed (its next
         servers start cold)."""
-        proc = self._proc
-        if self.failure is not None or proc is None or proc.stdin is None:
+        requests = self._requests
+        if self.failure is not None or requests is None or requests.closed:
             return {"why": self.failure or "the launcher is not running"}
         try:
-            proc.stdin.write((json.dumps(request) + "\n").encode())
-            proc.stdin.flush()
+            requests.write((json.dumps(request) + "\n").encode())
+            requests.flush()
         except OSError as exc:
             self.failure = f"the launcher does not listen: {exc}"
             return {"why": self.failure}
@@ -191,20 +364,18 @@ class Launcher:
             return self._forked <= self._codes.keys()
 
     def close(self) -> None:
-        """End of input: the launcher exits (the servers it forked are stopped by specwake, or by their watchdogs)."""
-        proc = self._proc
-        if proc is None:
+        """End of input: the launcher exits (the servers it forked are stopped by specwake, or by their watchdogs).
+        Its answers end when it has: killed if they have not within CLOSE_TIMEOUT_S."""
+        requests = self._requests
+        if requests is None:
             return
-        if proc.stdin is not None and not proc.stdin.closed:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
-        try:
-            proc.wait(timeout=CLOSE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        with contextlib.suppress(OSError):
+            requests.close()
+        with self._news:
+            ended = self._news.wait_for(lambda: self._gone, CLOSE_TIMEOUT_S)
+        if not ended and self._pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
 
     def _read(self, replies: IO[bytes]) -> None:
         """The reader thread: every answer and exit code the launcher writes, until it exits."""
@@ -227,8 +398,7 @@ class Launcher:
                 return {"why": f"no answer within {timeout:g} s"}
             if self._answers:
                 return self._answers.pop(0)
-        code = self._proc.poll() if self._proc is not None else None
-        return {"why": f"the launcher exited (code {code}); its log: {self.log_path}"}
+        return {"why": f"the launcher exited; its log: {self.log_path}"}
 
 
 class WarmStarts:
@@ -237,6 +407,7 @@ class WarmStarts:
     def __init__(self, limit: int = LAUNCHERS) -> None:
         self.limit = limit
         self._launchers: OrderedDict[Key, Launcher] = OrderedDict()
+        self._bases: OrderedDict[Key, Base] = OrderedDict()
         self._ahead: Counter[Key] = Counter()  # servers still to come, by launcher (expect)
         self._lock = threading.Lock()
         self._made = 0
@@ -263,9 +434,10 @@ class WarmStarts:
             launcher = self._launchers.get(key)
             if launcher is None:
                 self._made += 1
-                launcher = Launcher(argv, env, log_dir / f"warm-launcher-{os.getpid()}-{self._made}.log")
+                base = self._base(argv, env, log_dir)
+                launcher = Launcher(argv, env, log_dir / f"warm-launcher-{os.getpid()}-{self._made}.log", base)
                 self._launchers[key] = launcher
-                retired = self._retire()
+                retired: list[Launcher | Base] = [*self._retire(), *self._retire_bases()]
             else:
                 retired = []
             self._launchers.move_to_end(key)
@@ -292,12 +464,37 @@ class WarmStarts:
                 retired.append(self._launchers.pop(key))
         return retired
 
+    def _base(self, argv: list[str], env: Mapping[str, str], log_dir: Path) -> Base:
+        """The base of a launcher of `argv` and `env`, made now if it is the first (called locked)."""
+        key = base_key(argv, env)
+        base = self._bases.get(key)
+        if base is None:
+            base = Base(argv[0], argv[2], base_env(env), log_dir / f"warm-base-{os.getpid()}-{self._made}.log")
+            self._bases[key] = base
+        self._bases.move_to_end(key)
+        return base
+
+    def _retire_bases(self) -> list[Base]:
+        """Bases beyond the launchers' limit that no launcher of the pool branched from (called locked), the least
+        recently used first: their branches live on without them."""
+        used = {id(launcher.base) for launcher in self._launchers.values()}
+        retired: list[Base] = []
+        for key in list(self._bases):
+            if len(self._bases) <= self.limit:
+                break
+            if id(self._bases[key]) not in used:
+                retired.append(self._bases.pop(key))
+        return retired
+
     def close(self) -> None:
-        """Every launcher closed (at specwake's exit)."""
+        """Every launcher and base closed (at specwake's exit)."""
         with self._lock:
             launchers, self._launchers = list(self._launchers.values()), OrderedDict()
+            bases, self._bases = list(self._bases.values()), OrderedDict()
         for launcher in launchers:
             launcher.close()
+        for base in bases:
+            base.close()
 
 
 WARM_STARTS = WarmStarts()
