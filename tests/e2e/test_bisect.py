@@ -7,7 +7,8 @@ tagged on a release branch off (0), after a commit of its own, so the tag is no 
 baseline variant bisect finds commit 4 as the first bad one for the recover expectation, skipping and naming
 commit 5, and, from the release tag (their merge base, commit 0), commit 2 as the one that fixed the collapse,
 within ⌈log2 N⌉ + 2 steps each. The second search reuses commit 2's outcome, which the first measured (kept in
-specwake's cache, keyed by the installed build, the diff and the scenario): 5 real runs in all. Skips only when vLLM is
+specwake's cache, keyed by the installed build, the diff and the scenario): 5 real runs in all, their servers forked
+warm as a user's are (each step's overlay a launcher of its own, forked from one base). Skips only when vLLM is
 missing and SPECWAKE_REQUIRE_VLLM is unset.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from specwake.run.server.warm import SWITCH as WARM_SWITCH
 from tests.helpers.fakeengine import run_cli
 from tests.helpers.paths import REPO
 from tests.helpers.procs import installed_vllm, require_module
@@ -87,7 +89,7 @@ def bisect(history: dict[str, Any], *args: str) -> tuple[subprocess.CompletedPro
     proc = run_cli(
         ["bisect", str(history["scenario"]), "--vllm-repo", str(history["repo"]), "--variant", "baseline",
          "--output", str(out), *args],
-        history["cache"], timeout=1800,
+        history["cache"], timeout=1800, **{WARM_SWITCH: "1"},
     )  # fmt: skip
     found = list(out.glob("*/bisect.json")) if out.is_dir() else []
     return proc, json.loads(found[0].read_text()) if found else {}

@@ -193,8 +193,9 @@ class Base:
             requests_in, requests_out = os.pipe()
             replies_in, replies_out = os.pipe()
             try:
-                if cpus:  # the base imports the libraries, if it does, and the branch its vLLM, on the server's cores
-                    os.sched_setaffinity(self.pid or 0, cpus)
+                pid = self.pid
+                if cpus and pid is not None:  # the base imports the libraries, if it does, and the branch its vLLM,
+                    os.sched_setaffinity(pid, cpus)  # on the server's cores
                 data = (json.dumps({"branch": request}) + "\n").encode()
                 sent = socket.send_fds(sock, [data], [requests_in, replies_out])
                 sock.sendall(data[sent:])
