@@ -100,37 +100,39 @@ class WarmProcess:
         return code
 
 
-class Base:
-    """One base process (specwake.worker.warm): the launchers of one interpreter, module and environment,
-    ``PYTHONPATH``'s overlays aside, are its forks (branches). Once a branch has told which modules its imports made,
-    the base imports those no overlay can replace before its next fork, so that a later branch imports vLLM alone."""
+class Peer:
+    """A base or a launcher: a process specwake starts once (`start`; `_start` and `_running` say how) and closes, and
+    whose JSON answers a thread of its own reads until it exits: answers in order, and the exit codes of the servers a
+    launcher forked."""
 
-    def __init__(self, python: str, module: str, env: Mapping[str, str], log_path: Path) -> None:
-        self.python, self.module = python, module
-        self.env = dict(env)
-        self.log_path = log_path
+    def __init__(self) -> None:
         self.failure: str | None = None
-        self.modules: list[str] | None = None  # what a branch's imports made, once one has told
-        self.added: dict[str, str] = {}  # the environment variables they set
-        self.preloaded = False  # whether the base has imported them
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._sock: socket.socket | None = None
         self._news = threading.Condition()
         self._answers: list[dict[str, Any]] = []
+        self._codes: dict[int, int] = {}
         self._gone = False
         self._start_lock = threading.Lock()
-        self._branch_lock = threading.Lock()
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+    def _running(self) -> bool:
+        raise NotImplementedError
+
+    def _start(self, cpus: tuple[int, ...]) -> None:
+        raise NotImplementedError
+
+    def _gone_why(self) -> str:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
     def start(self, cpus: tuple[int, ...] = ()) -> None:
-        """Start the base, once, held to `cpus`; LauncherFailed (then and at every later call) when it cannot."""
+        """Start it, once, held to `cpus` (the cores of the server that needs it first: its imports take that server's
+        cores, as its own cold start would, and leave a neighbour's measurement alone), and wait until it is ready;
+        LauncherFailed (then and at every later call) when it cannot."""
         with self._start_lock:
             if self.failure is not None:
                 raise LauncherFailed(self.failure)
-            if self._proc is not None:
+            if self._running():
                 return
             try:
                 self._start(cpus)
@@ -138,6 +140,54 @@ class Base:
                 self.failure = str(exc)
                 self.close()
                 raise
+
+    def _read(self, answers: IO[bytes]) -> None:
+        """The reader thread: every answer and exit code the process writes, until it exits."""
+        with answers, contextlib.suppress(OSError, ValueError):
+            for line in answers:
+                message = json.loads(line)
+                with self._news:
+                    if "exited" in message:
+                        self._codes[int(message["exited"])] = int(message["code"])
+                    else:
+                        self._answers.append(message)
+                    self._news.notify_all()
+        with self._news:
+            self._gone = True
+            self._news.notify_all()
+
+    def _next_answer(self, timeout: float) -> dict[str, Any]:
+        with self._news:
+            if not self._news.wait_for(lambda: self._answers or self._gone, timeout):
+                return {"why": f"no answer within {timeout:g} s"}
+            if self._answers:
+                return self._answers.pop(0)
+        return {"why": self._gone_why()}
+
+
+class Base(Peer):
+    """One base process (specwake.worker.warm): the launchers of one interpreter, module and environment,
+    ``PYTHONPATH``'s overlays aside, are its forks (branches). Once a branch has told which modules its imports made,
+    the base imports those no overlay can replace before its next fork, so that a later branch imports vLLM alone."""
+
+    def __init__(self, python: str, module: str, env: Mapping[str, str], log_path: Path) -> None:
+        super().__init__()
+        self.python, self.module = python, module
+        self.env = dict(env)
+        self.log_path = log_path
+        self.modules: list[str] | None = None  # what a branch's imports made, once one has told
+        self.added: dict[str, str] = {}  # the environment variables they set
+        self.preloaded = False  # whether the base has imported them
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._branch_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _running(self) -> bool:
+        return self._proc is not None
 
     def _start(self, cpus: tuple[int, ...]) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -239,67 +289,32 @@ class Base:
             proc.kill()
             proc.wait()
 
-    def _read(self, replies: IO[bytes]) -> None:
-        with replies:
-            with contextlib.suppress(OSError, ValueError):
-                for line in replies:
-                    with self._news:
-                        self._answers.append(json.loads(line))
-                        self._news.notify_all()
-        with self._news:
-            self._gone = True
-            self._news.notify_all()
-
-    def _next_answer(self, timeout: float) -> dict[str, Any]:
-        with self._news:
-            if not self._news.wait_for(lambda: self._answers or self._gone, timeout):
-                return {"why": f"no answer within {timeout:g} s"}
-            if self._answers:
-                return self._answers.pop(0)
+    def _gone_why(self) -> str:
         code = self._proc.poll() if self._proc is not None else None
-        return {"why": f"the base exited (code {code}); its log: {self.log_path}"}
+        return f"the base exited (code {code}); its log: {self.log_path}"
 
 
-class Launcher:
+class Launcher(Peer):
     """One warm launcher, a branch of its base: started by `start`, forks a server per `fork`, closed by `close`."""
 
     def __init__(self, argv: list[str], env: Mapping[str, str], log_path: Path, base: Base) -> None:
+        super().__init__()
         self.python, self.module = argv[0], argv[2]
         self.env = dict(env)
         self.log_path = log_path
         self.base = base
         self.import_s: float | None = None
-        self.failure: str | None = None
         self._pid: int | None = None
         self._requests: IO[bytes] | None = None
-        self._news = threading.Condition()
-        self._answers: list[dict[str, Any]] = []
-        self._codes: dict[int, int] = {}
         self._forked: set[int] = set()
-        self._gone = False
-        self._start_lock = threading.Lock()
         self._fork_lock = threading.Lock()
 
     @property
     def pid(self) -> int | None:
         return self._pid
 
-    def start(self, cpus: tuple[int, ...] = ()) -> None:
-        """Start the launcher, once, forked from its base (started now if need be) and held to `cpus` (the cores of
-        the server that needs it first: its imports take that server's cores, as its own cold start would, and leave a
-        neighbour's measurement alone), and wait for its imports; LauncherFailed (then and at every later call) when
-        it cannot."""
-        with self._start_lock:
-            if self.failure is not None:
-                raise LauncherFailed(self.failure)
-            if self._pid is not None:
-                return
-            try:
-                self._start(cpus)
-            except LauncherFailed as exc:
-                self.failure = str(exc)
-                self.close()
-                raise
+    def _running(self) -> bool:
+        return self._pid is not None
 
     def _start(self, cpus: tuple[int, ...]) -> None:
         self.base.start(cpus)
@@ -378,28 +393,8 @@ class Launcher:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._pid, signal.SIGKILL)
 
-    def _read(self, replies: IO[bytes]) -> None:
-        """The reader thread: every answer and exit code the launcher writes, until it exits."""
-        with replies:
-            for line in replies:
-                message = json.loads(line)
-                with self._news:
-                    if "exited" in message:
-                        self._codes[int(message["exited"])] = int(message["code"])
-                    else:
-                        self._answers.append(message)
-                    self._news.notify_all()
-        with self._news:
-            self._gone = True
-            self._news.notify_all()
-
-    def _next_answer(self, timeout: float) -> dict[str, Any]:
-        with self._news:
-            if not self._news.wait_for(lambda: self._answers or self._gone, timeout):
-                return {"why": f"no answer within {timeout:g} s"}
-            if self._answers:
-                return self._answers.pop(0)
-        return {"why": f"the launcher exited; its log: {self.log_path}"}
+    def _gone_why(self) -> str:
+        return f"the launcher exited; its log: {self.log_path}"
 
 
 class WarmStarts:
