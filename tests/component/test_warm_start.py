@@ -142,6 +142,27 @@ def test_launchers_that_differ_by_an_overlay_share_a_base_which_imports_their_li
     assert base.preloaded and "vllm" not in base.modules and "tests.helpers.warm_imports" in base.modules
 
 
+def test_a_base_whose_library_asked_for_vllm_forks_nothing_and_its_servers_start_cold(
+    tmp_path: Path, pool: WarmStarts, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A library that imports vllm where it can (``try: import vllm``) would keep "no vllm" from the base, which may not
+    import it: the base forks no launcher once it has, and the later server starts cold, with its vllm."""
+    specs = []
+    for name in ("a", "b"):
+        root = tmp_path / f"overlay-{name}"
+        (root / "vllm").mkdir(parents=True)
+        (root / "vllm" / "__init__.py").write_text(f"WHERE = {name!r}\n")
+        (root / MANIFEST).write_text("{}\n")
+        env = {"WARM_TEST_OVERLAY": "1", "WARM_TEST_OPTIONAL": "1", "PYTHONPATH": f"{root}:{PYTHONPATH}"}
+        specs.append(warm_spec(tmp_path, name, **env))
+    with running(server(specs[0], pool)) as first:
+        assert facts(specs[0])["imported_by"] != first.pid  # warm
+    with running(server(specs[1], pool)) as second:
+        fact = facts(specs[1])
+    assert fact["imported_by"] == second.pid and (fact["overlay"], fact["optional"]) == ("b", True)  # cold, its own
+    assert "a library asked for vllm while the base imported the libraries" in caplog.text  # specwake's warning
+
+
 def test_a_launcher_with_servers_still_to_come_outlives_an_idle_one_used_more_recently(tmp_path: Path) -> None:
     """Two launchers at most: a, then b, then c needs one retired. `a` has a server still to come (expect) and `b`
     none, so b goes, though a is the least recently used; a's next server is forked from the launcher that made its

@@ -26,6 +26,7 @@ if __name__ == "__main__":
         "bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
         "argv": sys.argv[1:],
         "overlay": getattr(sys.modules.get("vllm"), "WHERE", None),
+        "optional": getattr(sys.modules.get("tests.helpers.warm_optional"), "HAS_VLLM", None),
     }
     print(f"warm-app {json.dumps(facts)}", flush=True)
     main()
