@@ -162,6 +162,23 @@ def reap(replies: int | None) -> None:
             answer(replies, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
+def write_to(log_path: str) -> None:
+    """stdout and stderr appended to `log_path`."""
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+
+
+def set_env(changes: dict[str, str | None]) -> None:
+    """The environment changed as `changes` says (None: unset)."""
+    for name, value in changes.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def fork() -> int:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -238,15 +255,8 @@ def become_branch(branch: dict[str, Any], channel: Channel, requests: int) -> No
     channel.sock.close()
     os.dup2(requests, 0)
     os.close(requests)
-    log = os.open(branch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    for name, value in branch["env"].items():  # what differs from the base's own (None: unset), PYTHONPATH aside
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    write_to(branch["log"])
+    set_env(branch["env"])  # what differs from the base's own, PYTHONPATH aside
     set_pythonpath(branch["pythonpath"]["base"], branch["pythonpath"]["branch"])
 
 
@@ -305,15 +315,8 @@ def become(request: dict[str, Any], requests: int, replies: int) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, requests)
     os.close(devnull)
-    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    for name, value in request["env"].items():  # what differs from the launcher's own (None: unset)
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    write_to(request["log"])
+    set_env(request["env"])  # what differs from the launcher's own
     if request.get("cpus"):
         os.sched_setaffinity(0, request["cpus"])
     torch = sys.modules.get("torch")

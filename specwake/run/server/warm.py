@@ -65,6 +65,11 @@ def launcher_key(argv: list[str], env: Mapping[str, str]) -> Key:
     return argv[0], argv[2], tuple(sorted((k, v) for k, v in env.items() if k not in PER_SERVER))
 
 
+def changes(own: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
+    """What a fork must set to turn environment `own` into `wanted` (None: unset)."""
+    return {name: wanted.get(name) for name in own.keys() | wanted.keys() if wanted.get(name) != own.get(name)}
+
+
 def base_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment of a launcher's base: the launcher's, without the overlays on ``PYTHONPATH`` (specwake's
     patched vLLMs, specwake.prepare.overlay: a folder that holds its manifest)."""
@@ -222,11 +227,8 @@ class Base(Peer):
         """A launcher forked from the base, with `env` (its ``PYTHONPATH`` included), output appended to `log_path`,
         held to `cpus`, told to say what its imports made where `tell`: its pid, and the pipes to write its requests to
         and read its answers from."""
-        differs = {
-            name: env.get(name)
-            for name in env.keys() | self.env.keys()
-            if env.get(name) != self.env.get(name) and name != "PYTHONPATH"
-        }
+        differs = changes(self.env, env)
+        differs.pop("PYTHONPATH", None)  # sent on its own: the branch places its overlays in the base's actual one
         with self._branch_lock:
             sock = self._sock
             if self.failure is not None or sock is None:
@@ -332,7 +334,7 @@ class Launcher(Peer):
     def fork(self, args: list[str], env: Mapping[str, str], log_path: Path, cpus: tuple[int, ...]) -> WarmProcess:
         """A server forked from the launcher: ``python -m MODULE *args`` with `env`, output appended to `log_path`,
         held to `cpus`."""
-        differs = {name: env.get(name) for name in env.keys() | self.env.keys() if env.get(name) != self.env.get(name)}
+        differs = changes(self.env, env)
         request = {"args": args, "env": differs, "log": str(log_path), "cpus": list(cpus)}
         with self._fork_lock:
             started = self._ask(request)
