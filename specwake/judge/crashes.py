@@ -23,15 +23,19 @@ SERVER_EXITED = "server_exited"
 PORT_CONFLICT = "port_conflict"
 OVERLAY_NOT_USED = "overlay_not_used"
 INPUT_REJECTED = "input_rejected"
+SPECWAKE_FAILED = "specwake_failed"
 
-# Class → meaning. The first four are never vLLM's fault: outcome `error`, never `crash`. Three arise before anything
-# is measured; input_rejected whenever the scenario asks for what the server refuses.
+# Class → meaning. The first five are never vLLM's fault: outcome `error`, never `crash`. Three arise before anything
+# is measured; input_rejected whenever the scenario asks for what the server refuses; specwake_failed whenever
+# specwake's own code raised while it ran the variant.
 MEANINGS: dict[str, str] = {
     STARTUP_FAILED: "the server never became ready",
     PORT_CONFLICT: "a foreign server answered on the port picked for ours; nothing was measured",
     OVERLAY_NOT_USED: "a worker imported vLLM from somewhere other than the variant's own (overlay or install)",
     INPUT_REJECTED: "the scenario's own input was refused (HTTP 4xx, e.g. a prompt longer than max_model_len, or a"
     " push_scale or push_skip entry that matches no tensor): a problem of the scenario, not a crash of vLLM",
+    SPECWAKE_FAILED: "specwake's own code failed while it ran the variant (a bug of specwake's, never vLLM's fault; the"
+    " variant's excerpt holds the traceback)",
     CUDA_ILLEGAL_MEMORY_ACCESS: "CUDA illegal memory access",
     CUDA_DEVICE_ASSERT: "a CUDA kernel's device-side assertion failed (e.g. an index out of bounds)",
     CUDA_OOM: "CUDA out of memory",
@@ -42,7 +46,7 @@ MEANINGS: dict[str, str] = {
     STEP_FAILED: "a request or cycle step failed while the server stayed up",
     SERVER_EXITED: "the server process exited",
 }
-ERROR_CLASSES: tuple[str, ...] = (STARTUP_FAILED, PORT_CONFLICT, OVERLAY_NOT_USED, INPUT_REJECTED)
+ERROR_CLASSES: tuple[str, ...] = (STARTUP_FAILED, PORT_CONFLICT, OVERLAY_NOT_USED, INPUT_REJECTED, SPECWAKE_FAILED)
 # What `classify` can name (startup_failed included: a server that died while starting).
 CRASH_CLASSES: tuple[str, ...] = (
     CUDA_ILLEGAL_MEMORY_ACCESS,

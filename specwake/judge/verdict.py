@@ -198,7 +198,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "error",
         "nothing was measured, not even the fresh stage, or the failure is never vLLM's fault (startup_failed,"
-        " port_conflict, overlay_not_used, input_rejected)",
+        " port_conflict, overlay_not_used, input_rejected, specwake_failed)",
         lambda f: f.fresh is None or f.failure in ERROR_CLASSES,
     ),
     Rule("crash", "a server or a step failed after the fresh stage was measured", lambda f: f.failure is not None),

@@ -137,7 +137,10 @@ def judge_variant(scenario: Scenario, prep: PreparedVariant, record: VariantReco
             "cores": list(record.cores),  # CPU cores its worker was bound to, when servers ran side by side
             "devices": record.env_added.get("CUDA_VISIBLE_DEVICES"),  # what the server was given
             "crash_lines": list(record.crash_lines),
-            "timings": record.timings,
+            # a copy, as of every list above: another job thread of a packed run may write this scenario's files,
+            # iterating the result, while the variant's own thread adds a phase ("dictionary changed size during
+            # iteration" ended a variant once, and left it out of its scenario's verdict)
+            "timings": dict(record.timings),
         },
         seconds=record.seconds,
         diagnostics=list(record.diagnostics),

@@ -5,13 +5,14 @@ decide outcomes and the verdict, and keep the result files current after every p
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specwake.errors import Interrupted
+from specwake.errors import Interrupted, SpecwakeError
 from specwake.events import Event, Events
 from specwake.judge.verdict import speed_rule
 from specwake.prepare.plan import warm_startable
@@ -137,8 +138,11 @@ def _run_one(
     cancel: threading.Event | None = None,
     turns: Turns = ANY_TIME,
 ) -> None:
-    """Open, run every phase in one turn, close one variant; with `cancel`, stop between phases once it is set."""
-    try:
+    """Open, run every phase in one turn, close one variant; with `cancel`, stop between phases once it is set. An
+    exception of specwake's own code (not one of its errors: a bug) ends the variant as `specwake_failed`, and the
+    run goes on."""
+
+    def every_phase() -> None:
         run.open()
         save()
         if not run.finished:  # one that never became ready has nothing to measure and waits for no turn
@@ -148,6 +152,9 @@ def _run_one(
                         raise Interrupted(f"{run.name}: cancelled")
                     run.run_phase(phase)
                     save()
+
+    try:
+        _guarded(run, every_phase)
     finally:
         run.close()
     final = run.result()
@@ -159,12 +166,23 @@ def _run_interleaved(runs: Sequence[VariantRun], save: Callable[[], object]) -> 
     with contextlib.ExitStack() as stack:
         for run in runs:
             stack.callback(run.close)
-            run.open()
+            _guarded(run, run.open)
             save()
         for phase in range(max(run.phases for run in runs)):
             for run in runs:
-                run.run_phase(phase)
+                _guarded(run, functools.partial(run.run_phase, phase))
                 save()
+
+
+def _guarded(run: VariantRun, step: Callable[[], None]) -> None:
+    """One step of a variant; an exception of specwake's own code (a bug) ends that variant as `specwake_failed`
+    (its next phases do nothing), and the others go on."""
+    try:
+        step()
+    except SpecwakeError:
+        raise
+    except Exception as exc:
+        run.fail_inside(exc)
 
 
 def _scoped(events: Events, scenario: str) -> Events:

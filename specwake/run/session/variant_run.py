@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,7 +15,15 @@ from pathlib import Path
 from specwake import protocol, weight_updates
 from specwake.errors import InputRejected, Interrupted, ServerFault, StartupFailed
 from specwake.events import Event, Events
-from specwake.judge.crashes import INPUT_REJECTED, MEANINGS, OVERLAY_NOT_USED, PORT_CONFLICT, STARTUP_FAILED, classify
+from specwake.judge.crashes import (
+    INPUT_REJECTED,
+    MEANINGS,
+    OVERLAY_NOT_USED,
+    PORT_CONFLICT,
+    SPECWAKE_FAILED,
+    STARTUP_FAILED,
+    classify,
+)
 from specwake.judge.log_warnings import find_warnings, first_load_seconds
 from specwake.judge.verdict import speed_rule
 from specwake.prepare.plan import GROUP_PORTS, PORT_UNSET, VariantPlan, warm_startable
@@ -40,6 +49,7 @@ EXIT_SETTLE_S = 1.0  # after a fault, how long a dying server gets to be seen as
 LOST_BIND = "Address already in use"
 FOREIGN_PROBE_S = 2.0  # how long a port our failed server had gets to say which models it serves
 RAY_FREE_TIMEOUT_S = 300.0  # after a Ray-executor server stops, how long its cluster gets to free every GPU
+TRACEBACK_CHARS = 6000  # of a failure inside specwake (fail_inside), the end kept in the result
 
 
 @dataclass
@@ -465,6 +475,13 @@ class VariantRun:
         """Record what went wrong; verdict.decide_outcome turns the class into `error` or `crash`."""
         self.record.crash_class, self.record.error, self.record.excerpt = crash_class, error, excerpt
         self.say(f"failed ({crash_class}) during {self.phase}: {error.splitlines()[0] if error else ''}")
+
+    def fail_inside(self, exc: Exception) -> None:
+        """specwake's own code raised while running the variant (a bug, never vLLM's fault): its result says so, with
+        the traceback, and its scenario does not pass; the caller stops the server."""
+        trace = "".join(traceback.format_exception(exc))[-TRACEBACK_CHARS:]
+        error = f"{MEANINGS[SPECWAKE_FAILED]} during {self.phase}: {type(exc).__name__}: {exc}"
+        self._fail(SPECWAKE_FAILED, error, trace)
 
     def result(self) -> VariantResult:
         """The variant's result so far; outcome `incomplete` while phases remain (partial result files)."""
