@@ -1,6 +1,6 @@
 """End to end on real vLLM CPU: the DSpark family (scenarios/cpu/dspark.toml) on Model Runner V2, its Triton programs
 interpreted, in the session's shared run (tests/helpers/shared_runs.py), one server per variant, small: 2 requests ×
-16 tokens a stage, one L2 cycle (a V2 step takes ~0.5 s here once AL is 1). Its server and drafter are the shipped
+8 tokens a stage, one L2 cycle (a V2 step takes ~0.5 s here once AL is 1). Its server and drafter are the shipped
 scenario's.
 
 - `baseline`: stock vLLM. Fresh AL is exactly K + 1 = 4.00 (builtin:dspark-qwen3-draft's construction), 1.00 after the
@@ -57,7 +57,7 @@ model = "builtin:dspark-qwen3-draft"
 num_speculative_tokens = 3
 [workload]
 prompts = "builtin:mixed"
-max_tokens = 16
+max_tokens = 8
 repeats = 2
 warmup = 0
 request_timeout_s = 300

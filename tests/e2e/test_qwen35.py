@@ -1,6 +1,6 @@
 """End to end on real vLLM CPU: the Qwen3.5 hybrid MTP family (scenarios/cpu/qwen-mtp.toml) on Model Runner V2, its
 Triton programs interpreted, in the session's shared run (tests/helpers/shared_runs.py), one server per variant,
-small: 2 requests × 16 tokens a stage, one L2 cycle (a V2 step of this model takes ~0.3 s here, more once AL is 1).
+small: 2 requests × 8 tokens a stage, one L2 cycle (a V2 step of this model takes ~0.3 s here, more once AL is 1).
 
 builtin:mtp-qwen35 is a Qwen3_5ForCausalLM (three gated-delta-net layers, one full-attention layer) with its MTP
 module inside the checkpoint; vLLM runs the module as Qwen3_5MTP, which shares the target's embedding and lm_head.
@@ -50,7 +50,7 @@ method = "mtp"
 num_speculative_tokens = 3
 [workload]
 prompts = "builtin:mixed"
-max_tokens = 16
+max_tokens = 8
 repeats = 2
 warmup = 0
 request_timeout_s = 300

@@ -43,7 +43,7 @@ SCENARIO = f"""\
 name = "runners"
 {TINY_DRAFT_MODEL}[workload]
 prompts = "builtin:mixed"
-max_tokens = 32
+max_tokens = 8
 repeats = 2
 warmup = 0
 request_timeout_s = 120

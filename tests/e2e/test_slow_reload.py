@@ -47,7 +47,7 @@ SERVER = TINY_DRAFT_MODEL.replace("[server]\n", '[server]\nmodel_runner = "v2"\n
 SCENARIO = f"""\
 name = "slow-reload"
 {SERVER}[workload]
-max_tokens = 16
+max_tokens = 8
 repeats = 2
 warmup = 0
 request_timeout_s = 120

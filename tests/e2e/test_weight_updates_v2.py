@@ -1,7 +1,7 @@
 """End to end on real vLLM CPU: the RL weight updates on Model Runner V2, the runner every GPU server runs (its Triton
 programs in Triton's interpreter on CPU). The push and sync matrices (tests/e2e/test_push.py, test_sync.py) run on
 V1 in the session's shared run; here the draft_model family's push and sync run once on V2, small (one cycle, two
-requests of 16 tokens a stage), so that a weight update is shown to work, and to be judged, on either runner:
+requests of 8 tokens a stage), so that a weight update is shown to work, and to be judged, on either runner:
 
 - push, `target-only`: the trainer pushes the target alone; the drafter keeps its discarded weights and collapses;
 - push, `target-and-draft`: both pushed by specwake's worker extension; it recovers;
@@ -42,7 +42,7 @@ def v2_copy(folder: Path, name: str, source: str, variants: dict[str, tuple[str,
     text = text[: text.index("\n[variants")] + "\n"  # the variants and [expect] tables come last
     text = re.sub(r'(?m)^name = "[^"]+"', f'name = "{name}"', text, count=1)
     text = re.sub(r"(?m)^\[server\]\n", '[server]\nmodel_runner = "v2"\n', text, count=1)
-    text = re.sub(r"(?m)^max_tokens = \d+", "max_tokens = 16", text)
+    text = re.sub(r"(?m)^max_tokens = \d+", "max_tokens = 8", text)
     text = re.sub(r"(?m)^repeats = \d+", "repeats = 2", text)
     text = re.sub(r"(?m)^count = \d+", "count = 1", text)
     text += "".join(f"[variants.{v}]\npush_to = {push_to}\n" for v, (push_to, _) in variants.items())
