@@ -11,17 +11,15 @@ import pytest
 
 from specwake.errors import EngineMissing
 from specwake.prepare.engine import install_stamp, probe_engine, resolve_python
+from tests.helpers.procs import installed_vllm
 
 
 def test_probe_is_cached_per_installation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Needs vLLM in this interpreter (make test installs it); without it this fails rather than skips."""
     info = probe_engine(sys.executable, tmp_path)
-    truth = subprocess.run(
-        [sys.executable, "-c", "import vllm; print(vllm.__version__); print(vllm.__file__)"],
-        capture_output=True, text=True, check=True,
-    ).stdout.split("\n")  # fmt: skip
-    assert info.vllm_version == truth[0]
-    assert info.package_dir == Path(truth[1]).parent
+    package, version = installed_vllm()  # found without importing vLLM: by its package's location and metadata
+    assert info.vllm_version == version
+    assert info.package_dir == package
     assert info.platform in ("cpu", "cuda", "rocm") and info.python == sys.executable
     cached = list((tmp_path / "engines").glob("*.json"))
     assert len(cached) == 1
