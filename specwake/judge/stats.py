@@ -19,6 +19,7 @@ Methods, chosen to be honest with the 3–10 samples a stage usually has:
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -155,7 +156,17 @@ def ratio(
     Samples must be finite and ≥ 0 (rates). No value when a side is empty or the denominator's median
     is 0; no interval when a side has fewer than MIN_BOOTSTRAP_N samples or any denominator sample is
     0 (a resample could divide by zero). `method` always says which case applied.
+
+    The same samples give the same answer (the resampling is seeded), so each is computed once: a run renders its
+    report after every phase, and the bootstrap of the stages it already had was most of that render.
     """
+    return _ratio(tuple(numerator), tuple(denominator), confidence, resamples, seed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ratio(
+    numerator: tuple[float, ...], denominator: tuple[float, ...], confidence: float, resamples: int, seed: int
+) -> Ratio:
     _check_confidence(confidence)
     if resamples < 1:
         raise ValueError(f"resamples must be ≥ 1, got {resamples}")
