@@ -51,7 +51,7 @@ from tests.helpers.releases import (
     release_tree,
     supported_releases,
 )
-from tests.helpers.vllm_api import V1_RUNNER, V2_RUNNER, check_uses
+from tests.helpers.vllm_api import V1_RUNNER, V2_RUNNER, check_uses, parsed
 
 # a release's first test downloads it (pip's own limit: DOWNLOAD_TIMEOUT_S) and builds every overlay on it
 pytestmark = pytest.mark.timeout(DOWNLOAD_TIMEOUT_S + 300)
@@ -237,7 +237,8 @@ def test_every_flag_the_shipped_scenarios_start_a_server_with_is_the_releases(re
     version, tree = release
     passed = flags_passed(shipped_scenarios())
     assert {"--speculative-config", "--worker-extension-cls", "--enable-sleep-mode", "--seed"} <= set(passed)
-    unknown = {flag: where for flag, where in passed.items() if flag not in server_flags(tree)}
+    known = server_flags(tree)  # read once: the release's argument modules are large
+    unknown = {flag: where for flag, where in passed.items() if flag not in known}
     assert unknown == {}, f"vLLM {version} has no such flags: {unknown}"
 
 
@@ -336,7 +337,7 @@ def imported_modules(tree: Path, start: str, within: str = "vllm.v1") -> dict[st
         path = module_path(tree, name)
         if name in seen or path is None:
             continue
-        seen[name] = ast.parse(path.read_text(encoding="utf-8"))
+        seen[name] = parsed(path)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(seen[name]):
             found: list[str] = []
@@ -391,7 +392,11 @@ def test_a_cpu_runners_logprobs_meet_helpers_compiled_by_inductor_which_torch_co
     assert met, f"vLLM {version}: no logprobs helper compiled with simple_compile_backend under the CPU worker"
     assert 'simple_compile_backend: str = "inductor"' in (vllm / "platforms" / "interface.py").read_text()
     assert "simple_compile_backend" not in (vllm / "platforms" / "cpu.py").read_text(), version
-    # the installed torch: under the switch, torch.compile hands the function back as it is (nothing to compile)
+
+
+def test_under_torchs_off_switch_torch_compile_hands_the_function_back_as_it_is():
+    """specwake.prepare.plan.DYNAMO_DISABLE, the installed torch's half (the releases' half is the test above): with
+    the switch on there is nothing left to compile."""
     compiled = (
         "import torch\nf = torch.compile(lambda x: x, backend='inductor')\n"
         "print(hasattr(f, '_torchdynamo_orig_callable'))"

@@ -174,8 +174,18 @@ def _version(root: Path) -> str | None:
     return None
 
 
-@cache
 def _parse(path: Path) -> ast.Module:
+    return parsed(path)
+
+
+def parsed(path: Path) -> ast.Module:
+    """The module at `path`, parsed once per file: an overlay's unpatched files are links to its release's, read
+    through each overlay's folder (one parse of the release serves every patch built on it). Not to be changed."""
+    return _parse_file(path.resolve())
+
+
+@cache
+def _parse_file(path: Path) -> ast.Module:
     return ast.parse(path.read_bytes(), str(path))
 
 
