@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
@@ -126,6 +128,21 @@ def ensure_builtin_model(name: str, python: str, cache: Path | None = None) -> P
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def ensure_builtin_models(wanted: Iterable[tuple[str, str]], cache: Path) -> None:
+    """Build each (name, interpreter) of `wanted` that the cache lacks, side by side: each build is a process of its
+    own that imports torch, and a run of several families asks for up to 11 (the first run on a fresh machine). As
+    many at a time as the machine has cores; the first failure, in `wanted`'s order, is raised once all have ended."""
+    missing = {name: python for name, python in wanted if not model_dir(name, cache).is_dir()}
+    if len(missing) < 2:
+        for name, python in missing.items():
+            ensure_builtin_model(name, python, cache)
+        return
+    with ThreadPoolExecutor(max_workers=min(len(missing), os.cpu_count() or 1)) as pool:
+        builds = [pool.submit(ensure_builtin_model, name, python, cache) for name, python in missing.items()]
+        for build in builds:
+            build.result()
 
 
 def is_builtin(ref: object) -> TypeGuard[str]:

@@ -11,12 +11,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from specwake.errors import PatchError, PlatformMismatch, ScenarioError
+from specwake.errors import PatchError, PlatformMismatch, ScenarioError, SpecwakeError
 from specwake.events import Event, Events
 from specwake.judge.verdict import SLEEP_IGNORED, sleep_ignored
 from specwake.prepare.engine import EngineInfo, probe_engine, resolve_python
 from specwake.prepare.hub import local_config
-from specwake.prepare.models import is_builtin, resolve_model_ref
+from specwake.prepare.models import BUILTIN_PREFIX, ensure_builtin_models, is_builtin, resolve_model_ref
 from specwake.prepare.overlay import Overlay, PatchInfo, build_overlay, inspect_patch
 from specwake.prepare.plan import (
     VariantPlan,
@@ -250,6 +250,22 @@ def for_engine(scenario: Scenario, variant: Variant, engine: EngineInfo, environ
     if refused is not None:
         raise ScenarioError(str(scenario.file), *refused)
     return resolved
+
+
+def build_models(scenarios: Sequence[Scenario], cache: Path) -> None:
+    """Ahead of `prepare`: the builtin models the variants of `scenarios` run (target and drafter) that the cache
+    lacks, built side by side (models.ensure_builtin_models). Only a head start: whatever cannot be built here (an
+    interpreter that is not there, a build that fails) is left to `prepare`, which raises its error in the order it
+    always did."""
+    wanted = []
+    for scenario in scenarios:
+        refs = [ref for ref in (scenario.server.model, scenario.speculative.get("model")) if is_builtin(ref)]
+        for variant in scenario.variants:
+            with contextlib.suppress(SpecwakeError):
+                python = resolve_python(variant.python)
+                wanted += [(ref.removeprefix(BUILTIN_PREFIX), python) for ref in refs]
+    with contextlib.suppress(SpecwakeError):
+        ensure_builtin_models(wanted, cache)
 
 
 def prepare(

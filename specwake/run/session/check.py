@@ -30,6 +30,7 @@ from specwake.prepare.validate import Checked
 from specwake.prepare.variants import (
     PreparedVariant,
     available_cpus,
+    build_models,
     chunked_draft_sync,
     cpu_no_ops,
     emulated_rules,
@@ -85,6 +86,7 @@ def check_all(
         for s in scenarios
     }
     patches = [inspect_patches(s) for s in scenarios]
+    build_models(scenarios, cache)
     prepared = [prepare(s, cache, events, gpus=inventory, patches=p) for s, p in zip(scenarios, patches, strict=True)]
     checked = validate_run(scenarios, prepared, cache, events)
     for line in untested_releases(prepared):

@@ -20,6 +20,7 @@ from specwake.prepare.scenario import Overrides, Scenario, load_scenario
 from specwake.prepare.variants import (
     PreparedVariant,
     available_cpus,
+    build_models,
     inspect_patches,
     prepare,
     require_runnable,
@@ -133,6 +134,7 @@ def execute(request: RunRequest, events: Events) -> RunOutcome:
     # Bad input is reported before anything is created or launched.
     patches = {scenario.name: inspect_patches(scenario) for scenario in scenarios}
     check_writable(request.resume or request.output, "--resume" if request.resume else "--output")
+    build_models(scenarios, request.cache)
     prepared: list[list[PreparedVariant]] = []
     for scenario in scenarios:
         kept = {v.name for v in _kept(previous.get(scenario.name))}
