@@ -83,7 +83,8 @@ check: install
 # (its module-scoped runs made once): their tests wait on servers, deadlines and pipes, so on two workers 1.6 of the 2
 # cores were busy; three ran the same tests in 324 s against 370 s on this 2-core machine. Then e2e (real
 # vLLM CPU servers) on two: one makes the shared run (its servers side by side on both cores) while the other takes the
-# modules with real runs of their own (tests/e2e/conftest.py); a third would crowd the shared run's measured servers.
+# modules with real runs of their own, dearest first, so both end together (tests/e2e/conftest.py); a third would crowd
+# the shared run's measured servers.
 # The second runs even when the first fails; each prints its slowest tests.
 test: install
 	status=0; \

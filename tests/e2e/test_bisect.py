@@ -27,7 +27,7 @@ import pytest
 from specwake.run.server.warm import SWITCH as WARM_SWITCH
 from tests.helpers.fakeengine import run_cli
 from tests.helpers.paths import REPO
-from tests.helpers.procs import installed_vllm, require_module
+from tests.helpers.procs import installed_vllm, module_cache, require_module
 from tests.helpers.vllm_history import commit, git, release, start, touch
 
 # The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
@@ -69,7 +69,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     return {
         "repo": repo, "shas": shas, "tag": tag, "version": version,
-        "out": tmp_path_factory.mktemp("bisect"), "cache": tmp_path_factory.mktemp("c"),
+        "out": tmp_path_factory.mktemp("bisect"), "cache": module_cache(tmp_path_factory.mktemp("c")),
         "scenario": small_tiny_cpu(tmp_path_factory.mktemp("scenario")),
     }  # fmt: skip
 

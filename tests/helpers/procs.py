@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from specwake.prepare.models import cache_dir
 from specwake.run.server.server import Server
 from tests.helpers.paths import REPO
 
@@ -146,6 +147,22 @@ def check_schema(path: Path, builtin: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "check_jsonschema", "--builtin-schema", builtin, str(path)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+SHARED_IN_CACHE = ("models", "engines")  # builtin models, engine probes: what a module's cache takes from the session's
+
+
+def module_cache(folder: Path) -> Path:
+    """A specwake cache of a test module's own (its overlays, validations, bisect outcomes) at `folder`, whose builtin
+    models and engine probes are those of specwake's default cache, the one the shared run and the other real runs
+    use: each is built once in the session, not once per module (a model is built into its folder and renamed into
+    place, so modules that build one at the same time each end with a whole model)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in SHARED_IN_CACHE:
+        shared = cache_dir() / name
+        shared.mkdir(parents=True, exist_ok=True)
+        (folder / name).symlink_to(shared, target_is_directory=True)
+    return folder
 
 
 def installed_vllm() -> tuple[Path, str]:

@@ -99,7 +99,7 @@ class Release:
 
     def module(self, dotted: str) -> ast.Module | None:
         path = self.module_file(dotted)
-        return _parse(path) if path is not None else None
+        return parsed(path) if path is not None else None
 
     def lookup(self, module: str, name: str, depth: int = 0) -> tuple[str, ast.AST | None] | None:
         """Where `module.name` is defined: (defining module, its def/class node or None for a plain value);
@@ -163,7 +163,7 @@ def _version(root: Path) -> str | None:
     for path in (root / "vllm" / "_version.py", root / "vllm" / "__init__.py"):
         if not path.is_file():
             continue
-        for node in _parse(path).body:
+        for node in parsed(path).body:
             if (
                 isinstance(node, ast.Assign)
                 and any(_binds(t, "__version__") for t in node.targets)
@@ -172,10 +172,6 @@ def _version(root: Path) -> str | None:
             ):
                 return node.value.value
     return None
-
-
-def _parse(path: Path) -> ast.Module:
-    return parsed(path)
 
 
 def parsed(path: Path) -> ast.Module:
