@@ -13,7 +13,7 @@ import typer
 from specwake.cli.common import fail
 from specwake.console import Ui
 from specwake.errors import EXIT_INFRA, SpecwakeError
-from specwake.prepare.models import BUILTIN_MODELS, cache_dir, ensure_builtin_model, lookup, model_dir
+from specwake.prepare.models import BUILTIN_MODELS, cache_dir, ensure_builtin_models, lookup, model_dir
 from specwake.run.server.leftovers import GRACE_S, describe, find_leftovers, registry_dir, stop_leftover
 
 
@@ -71,9 +71,9 @@ def models_build(
     ui = Ui()
     try:
         names = [m.name for m in BUILTIN_MODELS] if name == "all" else [lookup(name.removeprefix("builtin:")).name]
+        ensure_builtin_models([(model, python or sys.executable) for model in names], cache_dir())  # side by side
         for model in names:
-            path = ensure_builtin_model(model, python or sys.executable)
-            ui.note(f"builtin:{model} → {path}")
+            ui.note(f"builtin:{model} → {model_dir(model, cache_dir())}")
     except SpecwakeError as exc:
         fail(ui, exc)
 
