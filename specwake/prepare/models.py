@@ -135,9 +135,7 @@ def ensure_builtin_models(wanted: Iterable[tuple[str, str]], cache: Path) -> Non
     own that imports torch, and a run of several families asks for up to 11 (the first run on a fresh machine). As
     many at a time as the machine has cores; the first failure, in `wanted`'s order, is raised once all have ended."""
     missing = {name: python for name, python in wanted if not model_dir(name, cache).is_dir()}
-    if len(missing) < 2:
-        for name, python in missing.items():
-            ensure_builtin_model(name, python, cache)
+    if not missing:
         return
     with ThreadPoolExecutor(max_workers=min(len(missing), os.cpu_count() or 1)) as pool:
         builds = [pool.submit(ensure_builtin_model, name, python, cache) for name, python in missing.items()]
